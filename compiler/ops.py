@@ -1,0 +1,178 @@
+"""The k3fuse op set: torch custom ops (namespace `k3fuse`) that canonicalization rewrites the captured graph into
+and that fusion passes and code generation work on.
+
+Each op has a reference implementation (CPU and any device without a generated kernel) written as plain,
+higher-precision math, and a fake implementation for tracing. Generated kernels register CUDA implementations
+from `k3fuse.codegen`; where none applies the reference runs.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+LIB = "k3fuse"
+
+
+def _rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _situ(gate_up: torch.Tensor, beta: float, lbeta: float) -> torch.Tensor:
+    g, u = gate_up.float().chunk(2, dim=-1)
+    return beta * torch.tanh(g / beta) * torch.sigmoid(g) * (lbeta * torch.tanh(u / lbeta))
+
+
+def _mix(sources: list[torch.Tensor], w: torch.Tensor, eps: float) -> torch.Tensor:
+    if len(sources) == 1:
+        return sources[0].float()
+    v = torch.stack(sources, dim=1).float()
+    logits = (v * w.float()).sum(-1) * torch.rsqrt(v.pow(2).mean(-1) + eps)
+    return (torch.softmax(logits, dim=1).unsqueeze(-1) * v).sum(1)
+
+
+def _all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    if not group_name:
+        return x
+    return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(x, "sum", group_name))
+
+
+# ------------------------------------------------------------------------------------------------ basic ops
+@torch.library.custom_op(f"{LIB}::linear", mutates_args=())
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight[N, K]^T, fp32 accumulate, output in x's dtype."""
+    return (x.float() @ weight.float().t()).to(x.dtype)
+
+
+@linear.register_fake
+def _(x, weight):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op(f"{LIB}::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+    """Normalize in fp32, cast to out_dtype, multiply by weight (K3_MODEL.md notation)."""
+    return _rms(x, eps).to(out_dtype) * weight
+
+
+@rms_norm.register_fake
+def _(x, weight, eps, out_dtype):
+    return x.new_empty(x.shape, dtype=torch.promote_types(out_dtype, weight.dtype))
+
+
+@torch.library.custom_op(f"{LIB}::situ_glu", mutates_args=())
+def situ_glu(gate_up: torch.Tensor, beta: float, linear_beta: float) -> torch.Tensor:
+    """SiTU-GLU over [..., 2I] = [gate | up], fp32 inside, output in the input dtype."""
+    return _situ(gate_up, beta, linear_beta).to(gate_up.dtype)
+
+
+@situ_glu.register_fake
+def _(gate_up, beta, linear_beta):
+    return gate_up.new_empty(*gate_up.shape[:-1], gate_up.shape[-1] // 2)
+
+
+@torch.library.custom_op(f"{LIB}::attnres_mix", mutates_args=())
+def attnres_mix(sources: list[torch.Tensor], w: torch.Tensor, eps: float) -> torch.Tensor:
+    """AttnRes depth mix over sources (block snapshots, then the prefix), fp32 [M, H]."""
+    return _mix(sources, w, eps)
+
+
+@attnres_mix.register_fake
+def _(sources, w, eps):
+    return sources[-1].new_empty(sources[-1].shape, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{LIB}::router_topk", mutates_args=())
+def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
+                scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sigmoid router with correction bias (for choosing only): (expert ids [M, k] int64, weights [M, k] fp32)."""
+    s = torch.sigmoid(x.float() @ weight.float().t())
+    ids = torch.topk(s + bias.float(), top_k, dim=-1).indices
+    w = s.gather(1, ids)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return ids, w * scale
+
+
+@router_topk.register_fake
+def _(x, weight, bias, top_k, renormalize, scale):
+    M = x.shape[0]
+    return x.new_empty(M, top_k, dtype=torch.int64), x.new_empty(M, top_k, dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{LIB}::moe_experts", mutates_args=())
+def moe_experts(z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+                beta: float, linear_beta: float) -> torch.Tensor:
+    """Routed latent experts: sum_k weights[:, k] * W2_e SiTU-GLU(W13_e z), e = ids[:, k]; fp32 sum, output in
+    z's dtype. w13 [E, 2I, D], w2 [E, D, I] (I is the rank's share under TP: the result is then partial)."""
+    M, k = ids.shape
+    out = torch.zeros(M, w2.shape[1], dtype=torch.float32, device=z.device)
+    for j in range(k):  # reference: one gathered GEMV per slot; kernels group tokens per expert
+        h = torch.einsum("md,mid->mi", z.float(), w13[ids[:, j]].float()).to(z.dtype)
+        a = _situ(h, beta, linear_beta).to(z.dtype)
+        y = torch.einsum("mi,mdi->md", a.float(), w2[ids[:, j]].float()).to(z.dtype)
+        out += weights[:, j:j + 1].float() * y.float()
+    return out.to(z.dtype)
+
+
+@moe_experts.register_fake
+def _(z, ids, weights, w13, w2, beta, linear_beta):
+    return z.new_empty(z.shape[0], w2.shape[1])
+
+
+# ------------------------------------------------------------------------------------------------ fused ops
+@torch.library.custom_op(f"{LIB}::fused_residual_norm", mutates_args=())
+def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[torch.Tensor],
+                        prefix: Optional[torch.Tensor], blocks: list[torch.Tensor], w_mix: torch.Tensor,
+                        norm_w: Optional[torch.Tensor], mix_eps: float, norm_eps: float, group_name: str,
+                        fp32_norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attention-output / MLP-output fusion of K3 (pass `fuse_attn_out_allreduce_attnres_norm`):
+
+        y = bf16(o @ w_o^T)                        row-parallel projection (o_proj, MLP down_proj)
+        y = all_reduce(y)                          if group_name (absent at TP = 1)
+        y = y + addend                             if addend (the MoE's routed output, already complete)
+        new_prefix = y  if prefix is None  else  prefix + y    (restart at an AttnRes block boundary)
+        mix = AttnRes mix over blocks + [new_prefix] with score vector w_mix
+        normed = RMSNorm(mix; norm_w) in o's dtype (mix rounded first unless fp32_norm); mix itself if no norm_w
+
+    Returns (normed, new_prefix). At a block boundary new_prefix is also the new block snapshot.
+    """
+    dt = o.dtype
+    y = _all_reduce((o.float() @ w_o.float().t()).to(dt), group_name)
+    if addend is not None:
+        y = addend + y
+    new_prefix = y if prefix is None else prefix + y
+    mix = _mix(list(blocks) + [new_prefix], w_mix, mix_eps)
+    if norm_w is None:
+        return mix.clone(), new_prefix.clone()
+    if not fp32_norm:
+        mix = mix.to(dt)
+    return _rms(mix, norm_eps).to(dt) * norm_w, new_prefix.clone()
+
+
+@fused_residual_norm.register_fake
+def _(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm):
+    M, N = o.shape[0], w_o.shape[0]
+    normed = o.new_empty(M, N, dtype=o.dtype if norm_w is not None else torch.float32)
+    return normed, o.new_empty(M, N)
+
+
+@torch.library.custom_op(f"{LIB}::prefetch_l2", mutates_args=("token",))
+def prefetch_l2(token: torch.Tensor, weights: list[torch.Tensor], budget_bytes: int) -> None:
+    """Bring up to budget_bytes of `weights` into L2 while a collective runs. A hint: no effect on values.
+    `token` is a 1-element buffer the op is said to write, so graph passes keep it (it has no outputs).
+    On CPU it does nothing; on CUDA the codegen registers a bulk-prefetch kernel on a side stream."""
+    return None
+
+
+OPS = {
+    "linear": torch.ops.k3fuse.linear.default,
+    "rms_norm": torch.ops.k3fuse.rms_norm.default,
+    "situ_glu": torch.ops.k3fuse.situ_glu.default,
+    "attnres_mix": torch.ops.k3fuse.attnres_mix.default,
+    "router_topk": torch.ops.k3fuse.router_topk.default,
+    "moe_experts": torch.ops.k3fuse.moe_experts.default,
+    "fused_residual_norm": torch.ops.k3fuse.fused_residual_norm.default,
+    "prefetch_l2": torch.ops.k3fuse.prefetch_l2.default,
+}
