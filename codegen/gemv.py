@@ -1,0 +1,105 @@
+"""Kernel family: skinny GEMM / GEMV for M <= 64 (k3fuse::linear), y = x @ w^T, bf16 in, fp32 accumulate.
+
+Variants (templates/gemv_<variant>.py.jinja):
+  simt  CUDA cores, 16-byte loads, R rows per CTA, W warps splitting K (see the template's docstring).
+Configs are dicts {"variant": ..., plus the variant's parameters}; `default_config` is the heuristic used for
+GPUs and shapes without a tuning table entry; `candidates` lists what the GPU tuner times.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from . import tuning
+from .buckets import bucket_for
+from .render import render
+
+log = logging.getLogger("k3fuse.codegen")
+
+FAMILY = "gemv"
+VARIANTS = ("simt",)
+
+
+def _divisors(n: int, options) -> list[int]:
+    return [r for r in options if n % r == 0]
+
+
+def supports(N: int, K: int, bucket: Optional[int], cfg: Optional[dict] = None) -> Optional[str]:
+    """None if a kernel exists for this problem, else the reason why not (for the fallback log line)."""
+    if bucket is None:
+        return "M outside the batch buckets (1..64)"
+    if K % 8:
+        return f"K={K} is not a multiple of 8 (16-byte loads)"
+    if cfg is not None:
+        if cfg["variant"] not in VARIANTS:
+            return f"unknown variant {cfg['variant']}"
+        if N % cfg["R"]:
+            return f"N={N} not a multiple of R={cfg['R']}"
+    return None
+
+
+def default_config(N: int, K: int, bucket: int) -> dict:
+    """Heuristic: more rows per CTA at small M (amortise x loads), fewer as the accumulators grow."""
+    r_pref = 4 if bucket <= 2 else 2 if bucket <= 8 else 1
+    R = next(r for r in (r_pref, 2, 1) if N % r == 0)
+    nv = K // 8
+    W = next((w for w in (4, 8, 2) if nv % (32 * w) == 0), max(1, min(8, nv // 64)))
+    return {"variant": "simt", "R": R, "W": W}
+
+
+def candidates(N: int, K: int, bucket: int) -> list[dict]:
+    out = []
+    for R in _divisors(N, (1, 2, 4, 8)):
+        if R * bucket > 64:
+            continue
+        for W in (2, 4, 8):
+            if (K // 8) >= 32 * W:
+                out.append({"variant": "simt", "R": R, "W": W})
+    d = default_config(N, K, bucket)
+    if d not in out:
+        out.append(d)
+    return out
+
+
+def config_for(N: int, K: int, bucket: int, gpu: Optional[str] = None) -> dict:
+    cfg = tuning.lookup(FAMILY, (N, K), bucket, gpu)
+    if cfg is None or supports(N, K, bucket, cfg) is not None:
+        cfg = default_config(N, K, bucket)
+    return cfg
+
+
+def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
+    nv = K // 8
+    p = dict(N=N, K=K, BM=bucket, R=cfg["R"], W=cfg["W"])
+    p["ITERS"] = -(-nv // (32 * cfg["W"]))
+    return p
+
+
+def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None) -> tuple[str, str, dict]:
+    cfg = cfg or default_config(N, K, bucket)
+    why = supports(N, K, bucket, cfg)
+    if why:
+        raise ValueError(why)
+    template = f"gemv_{cfg['variant']}.py.jinja"
+    return template, render(template, **template_params(N, K, bucket, cfg)), cfg
+
+
+def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optional[str] = None, load: bool = True):
+    from .compile import compile_source, current_arch
+    arch = arch or current_arch()
+    template, src, cfg = render_source(N, K, bucket, cfg)
+    meta = dict(family=FAMILY, op="k3fuse::linear", shape=dict(N=N, K=K), bucket=bucket, config=cfg,
+                template=template)
+    return compile_source(src, arch, load=load, meta=meta)
+
+
+def linear(x, w, cfg: Optional[dict] = None, out=None):
+    """Launch the GEMV on the current stream. x [M, K] bf16 contiguous, w [N, K] bf16 contiguous, M <= 64."""
+    import torch
+    M, K = x.shape
+    N = w.shape[0]
+    bucket = bucket_for(M)
+    k = build(N, K, bucket, cfg or config_for(N, K, bucket))
+    y = out if out is not None else torch.empty(M, N, dtype=x.dtype, device=x.device)
+    k(x, w, y)
+    return y

@@ -1,0 +1,98 @@
+"""The k3fuse pass pipeline: the one place where passes plug in, in a fixed order.
+
+    0. canonicalize                          ATen -> k3fuse ops (RMSNorm, linear, AttnRes mix, SiTU-GLU, router,
+                                             experts); all later passes match on k3fuse ops only
+    1. fuse_attn_out_allreduce_attnres_norm  o_proj/down_proj + all-reduce + AttnRes update + mix + RMSNorm
+    2. split_moe_across_ranks                replicated MoE work split 1/t per rank, results gathered
+    3. insert_prefetch                       L2 prefetch of the next weights while a collective runs
+
+Canonicalization always runs; `options["passes"]` selects among the others.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import time
+
+import torch
+import torch.fx as fx
+
+logger = logging.getLogger("k3fuse")
+
+
+def pipeline_passes():
+    """The pass classes, in order. Imported lazily: passes import torch's pattern matcher."""
+    from k3fuse.passes.canonicalize import Canonicalize
+    from k3fuse.passes.fuse_attn_out_allreduce_attnres_norm import FuseAttnOutAllReduceAttnResNorm
+    from k3fuse.passes.insert_prefetch import InsertPrefetch
+    from k3fuse.passes.split_moe_across_ranks import SplitMoEAcrossRanks
+    return [Canonicalize, FuseAttnOutAllReduceAttnResNorm, SplitMoEAcrossRanks, InsertPrefetch]
+
+
+PASS_NAMES = ("canonicalize", "fuse_attn_out_allreduce_attnres_norm", "split_moe_across_ranks", "insert_prefetch")
+
+
+def op_counts(graph: fx.Graph) -> dict[str, int]:
+    """Count call_function targets by name (k3fuse ops as 'k3fuse.<op>', ATen as 'aten.<op>')."""
+    c = collections.Counter()
+    for n in graph.nodes:
+        if n.op == "call_function":
+            t = n.target
+            if isinstance(t, torch._ops.OpOverload):
+                c[f"{t.namespace}.{t._schema.name.split('::')[-1]}"] += 1
+            else:
+                c[getattr(t, "__name__", str(t))] += 1
+    return dict(sorted(c.items()))
+
+
+class Pipeline:
+    def __init__(self, options, graph_id: int = 0):
+        from k3fuse.passes.base import PassContext
+        self.options = options
+        self.graph_id = graph_id
+        names = options.passes
+        if names is not None:
+            unknown = sorted(set(names) - set(PASS_NAMES))
+            if unknown:
+                raise ValueError(f"k3fuse: unknown pass(es) {unknown}; the pipeline is {list(PASS_NAMES)}")
+        self.passes = [cls() for cls in pipeline_passes()
+                       if names is None or cls.name == "canonicalize" or cls.name in names]
+        self.ctx = PassContext(prefetch_budget_bytes=options.prefetch_budget_bytes)
+        self.summary: dict = {}
+
+    def _dump(self, gm: fx.GraphModule, fname: str):
+        d = self.debug_dir
+        if d:
+            with open(os.path.join(d, fname), "w") as f:
+                f.write(gm.print_readable(print_output=False, include_stride=False, include_device=True))
+
+    @property
+    def debug_dir(self):
+        if not self.options.debug_dir:
+            return None
+        d = os.path.join(self.options.debug_dir, f"graph_{self.graph_id:03d}")
+        os.makedirs(d, exist_ok=True)
+        return d
+
+    def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
+        ops_before = op_counts(gm.graph)
+        records = []
+        for i, p in enumerate(self.passes):
+            self._dump(gm, f"{i:02d}.{p.name}.before.py")
+            t0 = time.perf_counter()
+            p(gm.graph, self.ctx)
+            gm.graph.eliminate_dead_code()
+            gm.recompile()
+            records.append({"name": p.name, "matches": p.matches, "uuid": p.uuid()[:16],
+                            "ms": round(1e3 * (time.perf_counter() - t0), 2)})
+            self._dump(gm, f"{i:02d}.{p.name}.after.py")
+        self.summary = {"graph_id": self.graph_id, "passes": records, "ops_before": ops_before,
+                        "ops": op_counts(gm.graph)}
+        if self.debug_dir:
+            with open(os.path.join(self.debug_dir, "summary.json"), "w") as f:
+                json.dump(self.summary, f, indent=1)
+        logger.info("k3fuse graph %d: %s", self.graph_id,
+                    ", ".join(f"{r['name']}={r['matches']}" for r in records))
+        return gm
