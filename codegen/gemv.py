@@ -2,6 +2,8 @@
 
 Variants (templates/gemv_<variant>.py.jinja):
   simt  CUDA cores, 16-byte loads, R rows per CTA, W warps splitting K (see the template's docstring).
+  mma   tensor cores (mma.sync m16n8k16), weight as the A operand, K permuted so that every operand is read
+        with 16-byte loads; 16 rows per CTA, W warps splitting K, U k-steps of loads in flight per warp.
 Configs are dicts {"variant": ..., plus the variant's parameters}; `default_config` is the heuristic used for
 GPUs and shapes without a tuning table entry; `candidates` lists what the GPU tuner times.
 """
@@ -17,7 +19,7 @@ from .render import render
 log = logging.getLogger("k3fuse.codegen")
 
 FAMILY = "gemv"
-VARIANTS = ("simt",)
+VARIANTS = ("simt", "mma")
 
 
 def _divisors(n: int, options) -> list[int]:
@@ -33,13 +35,20 @@ def supports(N: int, K: int, bucket: Optional[int], cfg: Optional[dict] = None) 
     if cfg is not None:
         if cfg["variant"] not in VARIANTS:
             return f"unknown variant {cfg['variant']}"
-        if N % cfg["R"]:
+        if cfg["variant"] == "simt" and N % cfg["R"]:
             return f"N={N} not a multiple of R={cfg['R']}"
+        if cfg["variant"] == "mma" and (N % 16 or K % 32):
+            return f"N={N} not a multiple of 16 or K={K} not a multiple of 32"
     return None
 
 
 def default_config(N: int, K: int, bucket: int) -> dict:
-    """Heuristic: more rows per CTA at small M (amortise x loads), fewer as the accumulators grow."""
+    """Heuristic: tensor cores from M = 8 (CUDA-core FMAs stop keeping up with memory there, CUTEDSL.md);
+    below, CUDA cores with more rows per CTA at small M (amortise x loads)."""
+    if bucket >= 8 and N % 16 == 0 and K % 32 == 0:
+        S = K // 32
+        W = 8 if S >= 64 else 4 if S >= 16 else 1
+        return {"variant": "mma", "W": W, "U": 4 if bucket <= 16 else 2}
     r_pref = 4 if bucket <= 2 else 2 if bucket <= 8 else 1
     R = next(r for r in (r_pref, 2, 1) if N % r == 0)
     nv = K // 8
@@ -55,6 +64,12 @@ def candidates(N: int, K: int, bucket: int) -> list[dict]:
         for W in (2, 4, 8):
             if (K // 8) >= 32 * W:
                 out.append({"variant": "simt", "R": R, "W": W})
+    if N % 16 == 0 and K % 32 == 0:
+        S = K // 32
+        for W in (2, 4, 8, 16):
+            for U in (2, 4, 8):
+                if W * U <= max(S, 2) and (bucket <= 16 or U <= 4):
+                    out.append({"variant": "mma", "W": W, "U": U})
     d = default_config(N, K, bucket)
     if d not in out:
         out.append(d)
@@ -69,6 +84,10 @@ def config_for(N: int, K: int, bucket: int, gpu: Optional[str] = None) -> dict:
 
 
 def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
+    if cfg["variant"] == "mma":
+        S, W, U = K // 32, cfg["W"], cfg["U"]
+        return dict(N=N, K=K, BM=bucket, W=W, U=U, NT=max(1, bucket // 8), OUTER=-(-S // (W * U)),
+                    PRED_S=S % (W * U) != 0, PRED_M=True)
     nv = K // 8
     p = dict(N=N, K=K, BM=bucket, R=cfg["R"], W=cfg["W"])
     p["ITERS"] = -(-nv // (32 * cfg["W"]))
