@@ -382,9 +382,12 @@ class KimiK3ForCausalLM(nn.Module):
         self.tp = TP(tp_group)
         self.dtype = dtype
         self._check_tp(config)
+        # Draw the init seed BEFORE building the modules: nn.Linear's own init consumes the global RNG in
+        # proportion to the (per-rank, TP-dependent) parameter sizes.
+        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
         self.model = KimiK3Model(config, self.tp, dtype)
         self.lm_head = _linear(config.hidden_size, self.tp.split(config.vocab_size, "vocab_size"), dtype, 0)
-        self.reset_parameters()
+        self.reset_parameters(seed)
 
     def _check_tp(self, cfg):
         for n, what in [(cfg.num_kda_heads, "linear_attn_config.num_heads"),
@@ -414,10 +417,10 @@ class KimiK3ForCausalLM(nn.Module):
         return shape
 
     @torch.no_grad()
-    def reset_parameters(self):
-        """Deterministic under torch.manual_seed, identical for every TP size (each rank draws the full tensor
-        and keeps its slice). Scales keep activations O(1) through the layers."""
-        base = int(torch.randint(0, 2**31 - 1, (1,)).item())
+    def reset_parameters(self, seed: int | None = None):
+        """Deterministic under torch.manual_seed (or `seed`), identical for every TP size (each rank draws the full
+        tensor and keeps its slice). Scales keep activations O(1) through the layers."""
+        base = int(torch.randint(0, 2**31 - 1, (1,)).item()) if seed is None else int(seed)
         L = self.config.num_hidden_layers
         for name, p in self.named_parameters():
             g = torch.Generator().manual_seed(base + zlib.crc32(name.encode()))
