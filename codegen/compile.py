@@ -27,7 +27,12 @@ from .cache import KernelCache, cache_key, dsl_version
 
 log = logging.getLogger("k3fuse.codegen")
 
-EXPORT_NAME = "k3fuse_kernel"
+
+
+def export_name(key: str) -> str:
+    """Exported symbol of a kernel's shared object: unique per kernel (shared objects with the same symbol
+    names clash once loaded into one process: the H200 run of 2026-11-29 got CUDA error 98 from the second)."""
+    return f"k3fuse_kernel_{key[:24]}"
 ARCHES = ("sm_90a", "sm_100a", "sm_103a", "sm_100f")
 
 _lock = threading.Lock()  # cute.compile is not thread-safe
@@ -81,7 +86,7 @@ def _load_so(k: CompiledKernel) -> Callable:
     if so is None:
         raise RuntimeError("kernel has no shared object in the cache entry")
     mod = cute.runtime.load_module(so, enable_tvm_ffi=True)
-    return getattr(mod, EXPORT_NAME)
+    return getattr(mod, export_name(k.key))
 
 
 def _build(source: str, arch: str, key: str) -> tuple[dict[str, bytes], Any, float]:
@@ -104,7 +109,7 @@ def _build(source: str, arch: str, key: str) -> tuple[dict[str, bytes], Any, flo
         if cc is not None:
             try:
                 obj = work / "kernel.o"
-                compiled.export_to_c(str(obj), function_name=EXPORT_NAME)
+                compiled.export_to_c(str(obj), function_name=export_name(key))
                 libs = cute.runtime.find_runtime_libraries(enable_tvm_ffi=True)
                 rpaths = sorted({f"-Wl,-rpath,{os.path.dirname(p)}" for p in libs})
                 subprocess.run([cc, "-shared", "-o", str(work / "kernel.so"), str(obj), *libs, *rpaths],

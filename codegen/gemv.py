@@ -57,19 +57,25 @@ def default_config(N: int, K: int, bucket: int) -> dict:
 
 
 def candidates(N: int, K: int, bucket: int) -> list[dict]:
+    """Configs the GPU tuner times for one (shape, bucket)."""
     out = []
-    for R in _divisors(N, (1, 2, 4, 8)):
-        if R * bucket > 64:
-            continue
-        for W in (2, 4, 8):
-            if (K // 8) >= 32 * W:
-                out.append({"variant": "simt", "R": R, "W": W})
+    nv = K // 8
+    if bucket <= 8:
+        for R in _divisors(N, (1, 2, 4) if bucket <= 4 else (1, 2)):
+            for W in ((2, 4, 8) if bucket <= 4 else (4, 8)):
+                if nv >= 32 * W:
+                    out.append({"variant": "simt", "R": R, "W": W})
     if N % 16 == 0 and K % 32 == 0:
         S = K // 32
-        for W in (2, 4, 8, 16):
-            for U in (2, 4, 8):
-                if W * U <= max(S, 2) and (bucket <= 16 or U <= 4):
-                    out.append({"variant": "mma", "W": W, "U": U})
+        if bucket <= 4:
+            grid = [(8, 4), (4, 4)]
+        elif bucket <= 16:
+            grid = [(W, U) for W in (4, 8, 16) for U in (2, 4, 8)]
+        else:
+            grid = [(W, U) for W in (2, 4, 8, 16) for U in (2, 4)]
+        for W, U in grid:
+            if W * U <= max(S, 2):
+                out.append({"variant": "mma", "W": W, "U": U})
     d = default_config(N, K, bucket)
     if d not in out:
         out.append(d)
