@@ -201,6 +201,27 @@ def test_kda_multi_step_recurrence_and_conv_state(seed):
     assert rel(y_carry, y_fresh) > 1e-2
 
 
+@torch.no_grad()
+def test_kda_conv_orientation_flag_flips_the_taps(seed):
+    """conv_newest_tap_last (UNCONFIRMED in the spec) = False is the same as reversed taps with it True."""
+    cfg = KimiK3Config.preset("tiny")
+    mod = _kda_module(cfg)
+    flipped = KimiDeltaAttention(tiny(conv_newest_tap_last=False), TP(None), torch.float32)
+    flipped.load_state_dict(mod.state_dict())
+    for n in ("q_conv1d", "k_conv1d", "v_conv1d"):
+        getattr(flipped, n).copy_(getattr(mod, n).flip(-1))
+    M, P = 2, mod.P
+    x, conv, S = torch.randn(M, cfg.hidden_size), torch.randn(M, 3, 3 * P), torch.randn(M, mod.heads, 16, 16)
+    y1 = mod(x, conv.clone(), S.clone())
+    y2 = flipped(x, conv.clone(), S.clone())
+    assert rel(y2, y1) < 1e-6
+    assert rel(mod(x, conv.clone(), S.clone()), flipped(x, conv.clone(), S.clone()) * 0 + y1) < 1e-6
+    with torch.no_grad():
+        for n in ("q_conv1d", "k_conv1d", "v_conv1d"):
+            getattr(flipped, n).copy_(getattr(mod, n))
+    assert rel(flipped(x, conv.clone(), S.clone()), y1) > 1e-2
+
+
 # ----------------------------------------------------------------------------------------------- MLA reference
 class MLARef:
     """Section 5 WITHOUT absorption: k_nope = W_UK c, v = W_UV c per token, ordinary softmax attention."""
@@ -566,6 +587,32 @@ def test_forward_rejects_non_1d_ids():
     model = KimiK3ForCausalLM(KimiK3Config.preset("tiny"))
     with pytest.raises(ValueError, match="input_ids"):
         model(torch.zeros(2, 1, dtype=torch.long), model.new_cache(2, 4))
+
+
+class _FakeDist:
+    """Stands in for torch.distributed so that TP(group) sees rank 0 of `size` (construction only)."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def get_rank(self, group):
+        return 0
+
+    def get_world_size(self, group):
+        return self.size
+
+
+@pytest.mark.parametrize("over,tp,field", [
+    ({}, 3, "num_heads"),
+    ({"linear_attn_config": {"num_heads": 6}, "num_attention_heads": 6}, 3, "moe_intermediate_size"),
+    ({}, 8, "num_heads"),
+    ({"vocab_size": 500}, 4, "vocab_size"),
+])
+def test_tp_size_that_does_not_divide_raises_at_construction(monkeypatch, over, tp, field):
+    import k3fuse.models.modeling_kimi_k3 as mk
+    monkeypatch.setattr(mk, "dist", _FakeDist(tp))
+    with pytest.raises(ValueError, match=f"{field}.*does not divide by tensor-parallel size {tp}"):
+        KimiK3ForCausalLM(tiny(**over), tp_group=object())
 
 
 # ----------------------------------------------------------------------------------------------- config
