@@ -215,10 +215,8 @@ def test_kda_conv_orientation_flag_flips_the_taps(seed):
     y1 = mod(x, conv.clone(), S.clone())
     y2 = flipped(x, conv.clone(), S.clone())
     assert rel(y2, y1) < 1e-6
-    assert rel(mod(x, conv.clone(), S.clone()), flipped(x, conv.clone(), S.clone()) * 0 + y1) < 1e-6
-    with torch.no_grad():
-        for n in ("q_conv1d", "k_conv1d", "v_conv1d"):
-            getattr(flipped, n).copy_(getattr(mod, n))
+    for n in ("q_conv1d", "k_conv1d", "v_conv1d"):   # same taps, other orientation: a different output
+        getattr(flipped, n).copy_(getattr(mod, n))
     assert rel(flipped(x, conv.clone(), S.clone()), y1) > 1e-2
 
 
@@ -606,7 +604,7 @@ class _FakeDist:
     ({}, 3, "num_heads"),
     ({"linear_attn_config": {"num_heads": 6}, "num_attention_heads": 6}, 3, "moe_intermediate_size"),
     ({}, 8, "num_heads"),
-    ({"vocab_size": 500}, 4, "vocab_size"),
+    ({"vocab_size": 510}, 4, "vocab_size"),
 ])
 def test_tp_size_that_does_not_divide_raises_at_construction(monkeypatch, over, tp, field):
     import k3fuse.models.modeling_kimi_k3 as mk
