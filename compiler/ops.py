@@ -95,6 +95,35 @@ def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k
     return ids, w * scale
 
 
+@torch.library.custom_op(f"{LIB}::router_logits", mutates_args=())
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Router logits in fp32: x [M, H] @ weight[E', H]^T (E' = a rank's share of the experts after the MoE split)."""
+    return x.float() @ weight.float().t()
+
+
+@router_logits.register_fake
+def _(x, weight):
+    return x.new_empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{LIB}::topk_from_logits", mutates_args=())
+def topk_from_logits(logits: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The second half of router_topk, on gathered fp32 logits [M, E]."""
+    s = torch.sigmoid(logits)
+    ids = torch.topk(s + bias.float(), top_k, dim=-1).indices
+    w = s.gather(1, ids)
+    if renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    return ids, w * scale
+
+
+@topk_from_logits.register_fake
+def _(logits, bias, top_k, renormalize, scale):
+    M = logits.shape[0]
+    return logits.new_empty(M, top_k, dtype=torch.int64), logits.new_empty(M, top_k, dtype=torch.float32)
+
+
 @router_topk.register_fake
 def _(x, weight, bias, top_k, renormalize, scale):
     M = x.shape[0]
@@ -126,12 +155,14 @@ def _(z, ids, weights, w13, w2, beta, linear_beta):
 def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[torch.Tensor],
                         prefix: Optional[torch.Tensor], blocks: list[torch.Tensor], w_mix: torch.Tensor,
                         norm_w: Optional[torch.Tensor], mix_eps: float, norm_eps: float, group_name: str,
-                        fp32_norm: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                        fp32_norm: bool, addend_partial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention-output / MLP-output fusion of K3 (pass `fuse_attn_out_allreduce_attnres_norm`):
 
         y = bf16(o @ w_o^T)                        row-parallel projection (o_proj, MLP down_proj)
         y = all_reduce(y)                          if group_name (absent at TP = 1)
-        y = y + addend                             if addend (the MoE's routed output, already complete)
+        y = y + addend                             if addend (the MoE's routed output, already complete; with
+                                                   addend_partial it is this rank's share, added BEFORE the
+                                                   reduction, which then also completes it)
         new_prefix = y  if prefix is None  else  prefix + y    (restart at an AttnRes block boundary)
         mix = AttnRes mix over blocks + [new_prefix] with score vector w_mix
         normed = RMSNorm(mix; norm_w) in o's dtype (mix rounded first unless fp32_norm); mix itself if no norm_w
@@ -139,8 +170,11 @@ def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[tor
     Returns (normed, new_prefix). At a block boundary new_prefix is also the new block snapshot.
     """
     dt = o.dtype
-    y = _all_reduce((o.float() @ w_o.float().t()).to(dt), group_name)
-    if addend is not None:
+    y = (o.float() @ w_o.float().t()).to(dt)
+    if addend is not None and addend_partial:
+        y = addend + y
+    y = _all_reduce(y, group_name)
+    if addend is not None and not addend_partial:
         y = addend + y
     new_prefix = y if prefix is None else prefix + y
     mix = _mix(list(blocks) + [new_prefix], w_mix, mix_eps)
@@ -152,7 +186,7 @@ def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[tor
 
 
 @fused_residual_norm.register_fake
-def _(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm):
+def _(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm, addend_partial=False):
     M, N = o.shape[0], w_o.shape[0]
     normed = o.new_empty(M, N, dtype=o.dtype if norm_w is not None else torch.float32)
     return normed, o.new_empty(M, N)
@@ -172,6 +206,8 @@ OPS = {
     "situ_glu": torch.ops.k3fuse.situ_glu.default,
     "attnres_mix": torch.ops.k3fuse.attnres_mix.default,
     "router_topk": torch.ops.k3fuse.router_topk.default,
+    "router_logits": torch.ops.k3fuse.router_logits.default,
+    "topk_from_logits": torch.ops.k3fuse.topk_from_logits.default,
     "moe_experts": torch.ops.k3fuse.moe_experts.default,
     "fused_residual_norm": torch.ops.k3fuse.fused_residual_norm.default,
     "prefetch_l2": torch.ops.k3fuse.prefetch_l2.default,

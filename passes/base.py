@@ -26,6 +26,7 @@ class K3FusePass:
 
     def __init__(self):
         self.matches = 0
+        self.skip_reason: str | None = None   # set by a pass that does not apply to this graph (e.g. TP = 1)
 
     def uuid(self) -> str:
         """Changes when the source of the pass's module changes (for compile caches)."""
@@ -38,9 +39,12 @@ class K3FusePass:
 
     def __call__(self, graph: fx.Graph, ctx: PassContext | None = None) -> int:
         ctx = ctx or PassContext()
+        self.skip_reason = None
         self.matches = self.apply(graph, ctx)
         graph.lint()
-        if self.matches == 0 and ctx.expect_matches:
+        if self.skip_reason:
+            logger.debug("k3fuse pass %s skipped: %s", self.name, self.skip_reason)
+        elif self.matches == 0 and ctx.expect_matches:
             logger.warning("k3fuse pass %s found no match in a graph where it was expected to", self.name)
         else:
             logger.debug("k3fuse pass %s: %d matches", self.name, self.matches)

@@ -123,7 +123,20 @@ class FuseAttnOutAllReduceAttnResNorm(K3FusePass):
         normed.meta["val"], prefix_out.meta["val"] = norm.meta.get("val"), new_prefix.meta.get("val")
         norm.replace_all_uses_with(normed)
         new_prefix.replace_all_uses_with(prefix_out)
-        # the old chain is now dead; the pipeline's DCE removes it
+        # Erase the old chain explicitly: DCE keeps collectives (they are side-effecting), and a stale
+        # all-reduce would still run.
+        erase_dead(graph, [norm, new_prefix, *out.chain])
+
+
+def erase_dead(graph: fx.Graph, nodes) -> None:
+    """Erase nodes (and their producers, transitively) that no longer have users."""
+    work = list(nodes)
+    while work:
+        n = work.pop()
+        if isinstance(n, fx.Node) and n.op == "call_function" and not n.users and n.graph is graph:
+            inputs = n.all_input_nodes
+            graph.erase_node(n)
+            work.extend(inputs)
 
 
 def lambda_getitem():
