@@ -82,11 +82,42 @@ def candidates(N: int, K: int, bucket: int) -> list[dict]:
     return out
 
 
+_CFG_KEYS = {"simt": ("variant", "R", "W"), "mma": ("variant", "W", "U")}
+
+
+def _clean(cfg: dict) -> dict:
+    return {k: cfg[k] for k in _CFG_KEYS[cfg["variant"]]}
+
+
 def config_for(N: int, K: int, bucket: int, gpu: Optional[str] = None) -> dict:
+    """The kernel config to compile: the tuning table's (if it names a kernel), else the heuristic default."""
     cfg = tuning.lookup(FAMILY, (N, K), bucket, gpu)
-    if cfg is None or supports(N, K, bucket, cfg) is not None:
-        cfg = default_config(N, K, bucket)
-    return cfg
+    if cfg is None or cfg.get("variant") not in VARIANTS:
+        return default_config(N, K, bucket)
+    cfg = _clean(cfg)
+    return cfg if supports(N, K, bucket, cfg) is None else default_config(N, K, bucket)
+
+
+def route(N: int, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[dict], str]:
+    """(config, "") to run a generated kernel for this problem, or (None, reason) for the unfused path.
+
+    The tuning table decides where it has an entry ({"variant": "torch"} where cuBLAS measured faster); without
+    one, buckets up to 8 use the heuristic kernel and larger buckets the unfused path (on the H200, 2026-11-29,
+    the mma kernel measured 2-3x slower than cuBLAS at M = 64: benchmarks/RESULTS.md)."""
+    bucket = bucket_for(M)
+    why = supports(N, K, bucket)
+    if why:
+        return None, why
+    cfg = tuning.lookup(FAMILY, (N, K), bucket, gpu)
+    if cfg is not None:
+        if cfg.get("variant") == "torch":
+            return None, f"tuning table: cuBLAS faster for {N}x{K} at bucket {bucket}"
+        cfg = _clean(cfg)
+        if supports(N, K, bucket, cfg) is None:
+            return cfg, ""
+    if bucket > 8:
+        return None, f"no tuned kernel for {N}x{K} at bucket {bucket} (cuBLAS is faster above M = 8 by default)"
+    return default_config(N, K, bucket), ""
 
 
 def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:

@@ -1,0 +1,105 @@
+"""Kernel family: k3fuse::fused_residual_norm (o_proj + [all-reduce] + AttnRes prefix update + mix + RMSNorm).
+
+Two launches on the current stream:
+  1. the o_proj GEMV (family gemv; tuned per shape and bucket, or cuBLAS where the table says it is faster),
+  2. the mix-norm kernel (templates/fused_residual_norm_mixnorm.py.jinja), one CTA per batch row.
+The all-reduce (group_name != "") is not generated yet: at TP > 1 it runs as the functional collective between
+the two launches. The mix-norm kernel is written so that its single load of the GEMV output is the place where a
+one-shot in-kernel all-reduce goes (see the template's docstring).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from .render import render
+
+FAMILY = "fused_residual_norm"
+TEMPLATE = "fused_residual_norm_mixnorm.py.jinja"
+MAX_BLOCKS = 8
+
+
+def mixnorm_params(H: int, nb: int, has_addend: bool, has_prefix: bool, has_norm: bool, fp32_norm: bool,
+                   mix_eps: float, norm_eps: float) -> dict:
+    hv = H // 8
+    threads = min(1024, -(-hv // 32) * 32)
+    vpt = -(-hv // threads)
+    return dict(H=H, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), HAS_NORM=bool(has_norm),
+                FP32_NORM=bool(fp32_norm), MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)),
+                THREADS=threads, VPT=vpt, PRED_V=hv % threads != 0, ALLREDUCE=False)
+
+
+def supports(H: int, nb: int) -> Optional[str]:
+    if H % 8:
+        return f"H={H} is not a multiple of 8"
+    if nb > MAX_BLOCKS:
+        return f"{nb} blocks > {MAX_BLOCKS}"
+    return None
+
+
+def render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps) -> str:
+    why = supports(H, nb)
+    if why:
+        raise ValueError(why)
+    return render(TEMPLATE, **mixnorm_params(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps))
+
+
+def build_mix_norm(H, nb, has_addend=False, has_prefix=True, has_norm=True, fp32_norm=False, mix_eps=1e-5,
+                   norm_eps=1e-5, arch: Optional[str] = None, load: bool = True):
+    from .compile import compile_source, current_arch
+    arch = arch or current_arch()
+    src = render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps)
+    meta = dict(family=FAMILY, op="k3fuse::fused_residual_norm", part="mixnorm", shape=dict(H=H, blocks=nb),
+                flags=dict(addend=has_addend, prefix=has_prefix, norm=has_norm, fp32_norm=fp32_norm),
+                template=TEMPLATE)
+    return compile_source(src, arch, load=load, meta=meta)
+
+
+def _rows_ok(t) -> bool:
+    return t.dim() == 2 and t.stride(1) == 1 and t.stride(0) % 8 == 0 and t.data_ptr() % 16 == 0
+
+
+def launch_ok(o, w_o, addend, prefix, blocks, norm_w) -> Optional[str]:
+    import torch
+    ts = [o, w_o] + [t for t in (addend, prefix, norm_w) if t is not None] + list(blocks)
+    if any(t.dtype != torch.bfloat16 for t in ts):
+        return "fused_residual_norm kernel needs bf16 tensors"
+    H = w_o.shape[0]
+    why = supports(H, len(blocks))
+    if why:
+        return why
+    if not all(_rows_ok(t) for t in [t for t in (addend, prefix) if t is not None] + list(blocks)):
+        return "fused_residual_norm kernel needs [M, H] rows with unit stride and 16-byte alignment"
+    if norm_w is not None and not (norm_w.is_contiguous() and norm_w.data_ptr() % 16 == 0):
+        return "norm weight not contiguous / 16-byte aligned"
+    return None
+
+
+def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_norm):
+    """Launch the mix-norm kernel on y (the o_proj output, [M, H] bf16). Returns (normed, new_prefix)."""
+    import torch
+    M, H = y.shape
+    k = build_mix_norm(H, len(blocks), addend is not None, prefix is not None, norm_w is not None, fp32_norm,
+                       mix_eps, norm_eps)
+    out = torch.empty(M, H, dtype=torch.bfloat16 if norm_w is not None else torch.float32, device=y.device)
+    new_prefix = torch.empty(M, H, dtype=torch.bfloat16, device=y.device)
+    wm = w_mix if (w_mix.dtype == torch.float32 and w_mix.is_contiguous()) else w_mix.float().contiguous()
+    args = [y] + [t for t in (addend, prefix) if t is not None] + list(blocks) + [wm]
+    if norm_w is not None:
+        args.append(norm_w)
+    k(*args, out, new_prefix)
+    return out, new_prefix
+
+
+def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm):
+    """CUDA implementation of k3fuse::fused_residual_norm (same signature). Caller checked launch_ok()."""
+    import torch
+    from . import gemv
+    M = o.shape[0]
+    cfg, _ = gemv.route(w_o.shape[0], w_o.shape[1], M)
+    if cfg is not None and o.is_contiguous() and w_o.is_contiguous():
+        y = gemv.linear(o, w_o, cfg)
+    else:
+        y = torch.nn.functional.linear(o, w_o)
+    if group_name:
+        y = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(y, "sum", group_name))
+    return mix_norm(y, addend, prefix, list(blocks), w_mix, norm_w, mix_eps, norm_eps, fp32_norm)

@@ -1,0 +1,177 @@
+"""`k3fuse kernels`: render and compile the kernels a model config needs, without a GPU, and write them out.
+
+    k3fuse kernels --config {tiny,k3} --tp T --batch 1,8,64 --arch sm_90a --out DIR [--jobs N]
+    python -m k3fuse.codegen.kernels_cli ...
+
+Writes DIR/<kernel>/kernel.py (the rendered CuTe DSL source), kernel.ptx, kernel.cubin, and DIR/manifest.json
+listing each kernel: name, op, family, template, shapes, bucket, config, arch, files (and what was skipped, why).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+
+def _pad(n: int, m: int = 16) -> int:
+    return -(-n // m) * m
+
+
+def gemm_shapes(cfg, tp: int) -> dict[str, tuple[int, int]]:
+    """Per-rank decode GEMM shapes (N, K) of a KimiK3Config at tensor parallelism tp (K3_MODEL.md section 8)."""
+    H = cfg.hidden_size
+    P = cfg.kda_proj_size
+    nk = cfg.num_kda_heads
+    hd = cfg.kda_head_dim
+    nh = cfg.num_attention_heads
+    sh = {
+        "kda.in_proj": (_pad(4 * P // tp + hd + nk // tp), H),
+        "kda.f_b": (P // tp, hd),
+        "mla.qkv_a": (cfg.q_lora_rank + cfg.kv_lora_rank + cfg.qk_rope_head_dim, H),
+        "mla.q_b": (nh // tp * cfg.qk_head_dim, cfg.q_lora_rank),
+        "mla.g_proj": (nh // tp * cfg.v_head_dim, H),
+        "attn.o_proj": (H, P // tp),
+        "shared.gate_up": (2 * cfg.shared_intermediate_size // tp, H),
+        "shared.down": (H, cfg.shared_intermediate_size // tp),
+        "routed.down": (cfg.routed_expert_hidden_size, H),
+        "routed.up": (H, cfg.routed_expert_hidden_size),
+        "dense.gate_up": (2 * cfg.intermediate_size // tp, H),
+        "dense.down": (H, cfg.intermediate_size // tp),
+        "lm_head": (cfg.vocab_size // tp, H),
+    }
+    return sh
+
+
+def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict], list[dict]]:
+    """Kernel jobs for a config: (jobs, skipped)."""
+    from k3fuse.models.config import KimiK3Config
+    from . import fused_residual_norm as frn
+    from . import gemv
+    from .buckets import bucket_for
+    cfg = KimiK3Config.preset(config)
+    jobs, skipped = [], []
+    buckets = sorted({b for b in (bucket_for(m) for m in batches) if b is not None})
+    for m in batches:
+        if bucket_for(m) is None:
+            skipped.append(dict(op="*", batch=m, reason=f"M={m} is outside the buckets: unfused path"))
+    seen: dict = {}
+    for name, (N, K) in gemm_shapes(cfg, tp).items():
+        for b in buckets:
+            why = gemv.supports(N, K, b)
+            if why:
+                skipped.append(dict(op="k3fuse::linear", name=name, shape=dict(N=N, K=K), bucket=b, reason=why))
+                continue
+            c = gemv.config_for(N, K, b, gpu=_gpu_for(arch))
+            key = ("gemv", N, K, b, json.dumps(c, sort_keys=True))
+            if key in seen:
+                seen[key]["uses"].append(name)
+                continue
+            seen[key] = dict(family="gemv", op="k3fuse::linear", uses=[name], shape=dict(N=N, K=K), bucket=b,
+                             config=c, name=f"gemv_{c['variant']}_{N}x{K}_b{b}")
+            jobs.append(seen[key])
+    H = cfg.hidden_size
+    nb_max = min(cfg.num_attn_res_blocks - 1, frn.MAX_BLOCKS)
+    for addend in (False, True):
+        for prefix in (True, False):
+            for nb in range(0, nb_max + 1):
+                if not prefix and nb == 0:
+                    continue
+                jobs.append(dict(family="fused_residual_norm", op="k3fuse::fused_residual_norm",
+                                 shape=dict(H=H, blocks=nb), bucket=None,
+                                 config=dict(addend=addend, prefix=prefix, norm=True,
+                                             fp32_norm=cfg.attn_res_mix_fp32_norm,
+                                             mix_eps=cfg.attn_res_eps, norm_eps=cfg.rms_norm_eps),
+                                 name=f"mixnorm_h{H}_nb{nb}{'_add' if addend else ''}{'' if prefix else '_restart'}"))
+    jobs.append(dict(family="prefetch_l2", op="k3fuse::prefetch_l2", shape={}, bucket=None, config={},
+                     name="prefetch_l2"))
+    return jobs, skipped
+
+
+def _gpu_for(arch: str) -> Optional[str]:
+    return {"sm_90a": "nvidia_h200"}.get(arch)
+
+
+def build_job(job: dict, arch: str):
+    from . import fused_residual_norm as frn
+    from . import gemv, prefetch
+    if job["family"] == "gemv":
+        s = job["shape"]
+        return gemv.build(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False)
+    if job["family"] == "fused_residual_norm":
+        c = job["config"]
+        return frn.build_mix_norm(job["shape"]["H"], job["shape"]["blocks"], c["addend"], c["prefix"], c["norm"],
+                                  c["fp32_norm"], c["mix_eps"], c["norm_eps"], arch=arch, load=False)
+    if job["family"] == "prefetch_l2":
+        return prefetch.build(arch=arch, load=False)
+    raise ValueError(job["family"])
+
+
+def _run_job(args):
+    job, arch = args
+    try:
+        t = time.perf_counter()
+        k = build_job(job, arch)
+        return dict(job, key=k.key, cached=k.cached, seconds=round(time.perf_counter() - t, 3), src=k.files)
+    except Exception as e:  # reported in the manifest
+        return dict(job, error=f"{type(e).__name__}: {str(e)[:2000]}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="k3fuse kernels", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="k3", help="model preset (tiny, k3)")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--batch", default="1,8,64", help="comma-separated batch sizes M")
+    ap.add_argument("--arch", default="sm_90a", help="sm_90a, sm_100a, sm_103a, sm_100f")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--jobs", "-j", type=int, default=1, help="parallel compile processes")
+    ap.add_argument("--only", default="", help="comma-separated families to build (gemv, fused_residual_norm, "
+                                               "prefetch_l2)")
+    a = ap.parse_args(argv)
+    batches = [int(b) for b in a.batch.split(",") if b]
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    jobs, skipped = plan(a.config, a.tp, batches, a.arch)
+    if a.only:
+        fams = set(a.only.split(","))
+        jobs = [j for j in jobs if j["family"] in fams]
+    t0 = time.perf_counter()
+    if a.jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+        with ProcessPoolExecutor(a.jobs, mp_context=mp.get_context("spawn")) as ex:
+            done = list(ex.map(_run_job, [(j, a.arch) for j in jobs]))
+    else:
+        done = [_run_job((j, a.arch)) for j in jobs]
+    kernels, failed = [], []
+    for d in done:
+        if "error" in d:
+            failed.append(d)
+            print(f"FAILED {d['name']}: {d['error'][:300]}", file=sys.stderr)
+            continue
+        kd = out / d["name"]
+        kd.mkdir(exist_ok=True)
+        files = {}
+        for fname, src in sorted(d.pop("src").items()):
+            if fname.endswith((".py", ".ptx", ".cubin")):
+                shutil.copyfile(src, kd / fname)
+                files[fname.rsplit(".", 1)[1]] = f"{d['name']}/{fname}"
+        d["files"] = files
+        d["arch"] = a.arch
+        kernels.append(d)
+    from .cache import dsl_version
+    manifest = dict(config=a.config, tp=a.tp, batch=batches, arch=a.arch, dsl_version=dsl_version(),
+                    kernels=kernels, skipped=skipped, failed=failed,
+                    seconds=round(time.perf_counter() - t0, 2))
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    print(f"{len(kernels)} kernels for {a.config} tp={a.tp} batch={a.batch} {a.arch} in {manifest['seconds']} s "
+          f"-> {out}/manifest.json ({len(skipped)} skipped, {len(failed)} failed)")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

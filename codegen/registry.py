@@ -1,0 +1,159 @@
+"""CUDA implementations of the k3fuse ops, backed by the generated kernels.
+
+    from k3fuse.codegen import registry
+    registry.register()          # idempotent; K3FUSE_KERNELS=0 in the environment turns it into a no-op
+
+registers, with torch.library.register_kernel(..., "cuda", ...):
+  k3fuse::linear               GEMV family for M <= 64 where a kernel exists and the tuning table does not
+                               prefer cuBLAS; else the unfused path (cuBLAS F.linear for bf16, the reference otherwise)
+  k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel
+  k3fuse::prefetch_l2          bulk L2 prefetch on a side stream
+Every fallback logs ONE line per (op, reason) on the "k3fuse.codegen" logger, at INFO level... the first time.
+Kernels compile (or load from the disk cache) at their first call: run each bucket once before capturing a
+CUDA graph, and call k3fuse.codegen.prefetch.join_pending() before ending a capture.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+
+from .buckets import MAX_M
+
+log = logging.getLogger("k3fuse.codegen")
+
+_registered = False
+_seen: set = set()
+_seen_lock = threading.Lock()
+
+
+def log_fallback(op: str, reason: str) -> None:
+    """Log once per (op, reason) that `op` takes the unfused path."""
+    key = (op, reason)
+    with _seen_lock:
+        if key in _seen:
+            return
+        _seen.add(key)
+    log.info("k3fuse: %s takes the unfused path: %s", op, reason)
+
+
+def _dsl_available() -> bool:
+    try:
+        import cutlass.cute  # noqa: F401
+        return True
+    except Exception:
+        return False
+
+
+_DSL = None
+
+
+def _env_ok(op: str, device) -> bool:
+    global _DSL
+    if _DSL is None:
+        _DSL = _dsl_available()
+    if not _DSL:
+        log_fallback(op, "nvidia-cutlass-dsl is not importable")
+        return False
+    import torch
+    major, _ = torch.cuda.get_device_capability(device)
+    if major not in (9, 10):
+        log_fallback(op, f"no kernels for compute capability {major}.x (sm_90a / sm_100a only)")
+        return False
+    return True
+
+
+def _ref(op_name):
+    from k3fuse import ops
+    return getattr(ops, op_name)._init_fn
+
+
+# ---------------------------------------------------------------------------------------------------- linear
+def linear_cuda(x, weight):
+    import torch
+    from . import gemv
+    from .prefetch import join_pending
+    K = x.shape[-1]
+    N = weight.shape[0]
+    M = x.numel() // K if K else 0
+    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
+        log_fallback("k3fuse::linear", f"dtype {x.dtype}/{weight.dtype} (kernels are bf16)")
+        return _ref("linear")(x, weight)
+    reason = None
+    if M > MAX_M or M < 1:
+        reason = f"M={M} > {MAX_M}" if M > MAX_M else "empty input"
+    elif not weight.is_contiguous():
+        reason = "weight not contiguous"
+    elif not _env_ok("k3fuse::linear", x.device):
+        return torch.nn.functional.linear(x, weight)
+    cfg = None
+    if reason is None:
+        cfg, reason = gemv.route(N, K, M)
+    if cfg is None:
+        log_fallback("k3fuse::linear", f"{N}x{K}: {reason}")
+        return torch.nn.functional.linear(x, weight)
+    join_pending()
+    x2 = x.reshape(M, K)
+    if not x2.is_contiguous() or x2.data_ptr() % 16 or weight.data_ptr() % 16:
+        x2 = x2.contiguous()
+        if weight.data_ptr() % 16:
+            log_fallback("k3fuse::linear", "weight not 16-byte aligned")
+            return torch.nn.functional.linear(x, weight)
+    y = gemv.linear(x2, weight, cfg)
+    return y.reshape(*x.shape[:-1], N)
+
+
+# ------------------------------------------------------------------------------------- fused_residual_norm
+def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
+                             fp32_norm):
+    from . import fused_residual_norm as frn
+    from .prefetch import join_pending
+    op = "k3fuse::fused_residual_norm"
+    M = o.shape[0]
+    reason = None
+    if o.dim() != 2:
+        reason = "o is not 2-D"
+    elif M > MAX_M:
+        reason = f"M={M} > {MAX_M}"
+    else:
+        reason = frn.launch_ok(o, w_o, addend, prefix, blocks, norm_w)
+    if reason is None and not _env_ok(op, o.device):
+        reason = "no kernel environment"
+    if reason is not None:
+        log_fallback(op, reason)
+        return _ref("fused_residual_norm")(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps,
+                                           group_name, fp32_norm)
+    join_pending()
+    return frn.fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
+                                   fp32_norm)
+
+
+# ------------------------------------------------------------------------------------------------ prefetch
+def prefetch_l2_cuda(token, weights, budget_bytes):
+    from . import prefetch
+    if not weights or not _env_ok("k3fuse::prefetch_l2", weights[0].device):
+        return None
+    prefetch.prefetch_l2(token, weights, budget_bytes)
+    return None
+
+
+IMPLS = {
+    "k3fuse::linear": linear_cuda,
+    "k3fuse::fused_residual_norm": fused_residual_norm_cuda,
+    "k3fuse::prefetch_l2": prefetch_l2_cuda,
+}
+
+
+def register() -> bool:
+    """Register the CUDA implementations (once). Returns whether they are registered."""
+    global _registered
+    if _registered:
+        return True
+    if os.environ.get("K3FUSE_KERNELS", "1") == "0":
+        return False
+    import torch
+    import k3fuse.ops  # noqa: F401  (defines the ops)
+    for name, fn in IMPLS.items():
+        torch.library.register_kernel(name, "cuda", fn)
+    _registered = True
+    return True
