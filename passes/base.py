@@ -7,6 +7,8 @@ import logging
 
 import torch.fx as fx
 
+import k3fuse.ops  # noqa: F401  (the k3fuse op set the passes rewrite into)
+
 logger = logging.getLogger("k3fuse.passes")
 
 

@@ -133,7 +133,7 @@ def erase_dead(graph: fx.Graph, nodes) -> None:
     work = list(nodes)
     while work:
         n = work.pop()
-        if isinstance(n, fx.Node) and n.op == "call_function" and not n.users and n.graph is graph:
+        if isinstance(n, fx.Node) and n.op == "call_function" and not n.users and not n._erased:
             inputs = n.all_input_nodes
             graph.erase_node(n)
             work.extend(inputs)
