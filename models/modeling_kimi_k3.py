@@ -481,6 +481,16 @@ class KimiK3ForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, cache: KimiK3Cache) -> torch.Tensor:
         if input_ids.dim() != 1:
             raise ValueError(f"input_ids must be [M] (one new token per sequence), got {tuple(input_ids.shape)}")
+        if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+            raise TypeError(f"input_ids must be an integer tensor, got {input_ids.dtype}")
+        if cache.batch_size != input_ids.shape[0]:
+            raise ValueError(f"cache was made for batch {cache.batch_size}, input_ids has {input_ids.shape[0]}")
+        kv = next((c for c in cache.conv_state + cache.latent_cache if c is not None), None)
+        if kv is not None and kv.dtype != self.dtype:
+            raise TypeError(f"cache dtype {kv.dtype} does not match the model dtype {self.dtype}")
+        if input_ids.device != self.lm_head.weight.device or cache.seq_lens.device != input_ids.device:
+            raise ValueError(f"input_ids on {input_ids.device}, cache on {cache.seq_lens.device}, model on "
+                             f"{self.lm_head.weight.device}: they must be on one device")
         h = self.model(input_ids, cache)
         logits = self.tp.all_gather_last(self.lm_head(h))
         cache.seq_lens.add_(1)
