@@ -170,6 +170,140 @@ def bench_gemv(shapes, ms, tune, copy_bw, results):
     return table
 
 
+def bench_frn(results, copy_bw):
+    """fused_residual_norm: o_proj GEMV + mix-norm kernel vs the op's reference (the unfused path) on the GPU."""
+    from k3fuse import ops
+    from k3fuse.codegen import fused_residual_norm as frn
+    ref = ops.fused_residual_norm._init_fn
+    H = 7168
+    variants = [dict(nb=3, addend=False, prefix=True, fp32=False), dict(nb=0, addend=True, prefix=True, fp32=True),
+                dict(nb=8, addend=True, prefix=False, fp32=True), dict(nb=5, addend=False, prefix=True, fp32=True)]
+    for K in (1536, 768):
+        for M in (1, 3, 8, 64):
+            for v in variants:
+                row = dict(family="frn", H=H, K=K, M=M, **v)
+                try:
+                    errs = []
+                    for trial in range(2):
+                        def r(*s, scale=1.0):
+                            return (torch.randn(*s, device="cuda") * scale).to(torch.bfloat16)
+                        o, w_o = r(M, K), r(H, K, scale=K ** -0.5)
+                        addend = r(M, H) if v["addend"] else None
+                        prefix = r(M, H) if v["prefix"] else None
+                        blocks_buf = r(M, 8, H)       # block snapshots as strided views of one buffer
+                        blocks = [blocks_buf[:, i] for i in range(v["nb"])]
+                        w_mix = torch.randn(H, device="cuda") * 0.05
+                        norm_w = r(H, scale=0.5) + 1
+                        out = torch.full((M, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+                        newp = torch.full((M, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+                        assert frn.launch_ok(o, w_o, addend, prefix, blocks, norm_w) is None
+                        frn.fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, 1e-5, 1e-5, "",
+                                                v["fp32"], out=out, new_prefix=newp)
+                        torch.cuda.synchronize()
+                        rn, rp = ref(o, w_o, addend, prefix, blocks, w_mix, norm_w, 1e-5, 1e-5, "", v["fp32"])
+                        errs += [rel_err(out, rn.double()), rel_err(newp, rp.double())]
+                    row.update(err=max(errs), ok=max(errs) < 1e-2)
+                    nrot = max(2, math.ceil(3 * L2_BYTES / (H * K * 2)))
+                    wos = [torch.randn(H, K, device="cuda", dtype=torch.bfloat16) for _ in range(nrot)]
+                    t_k, _ = graph_time(lambda i: frn.fused_residual_norm(o, wos[i % nrot], addend, prefix, blocks,
+                                                                          w_mix, norm_w, 1e-5, 1e-5, "", v["fp32"]))
+                    t_r, _ = graph_time(lambda i: ref(o, wos[i % nrot], addend, prefix, blocks, w_mix, norm_w,
+                                                      1e-5, 1e-5, "", v["fp32"]))
+                    nbytes = H * K * 2 + M * K * 2 + M * H * 2 * (v["nb"] + 2 + v["addend"] + v["prefix"])
+                    row.update(us=t_k, ref_us=t_r, floor_us=nbytes / copy_bw * 1e6)
+                    del wos
+                except Exception as e:
+                    row.update(ok=False, error=repr(e)[:500] + traceback.format_exc()[-800:])
+                results.append(row)
+                log(json.dumps(row))
+
+
+def bench_prefetch(results, copy_bw):
+    """prefetch_l2: graph-capturable on a side stream; effect on a GEMV whose weight was evicted from L2."""
+    from k3fuse.codegen import gemv, prefetch
+    N, K, M = 7168, 1536, 1
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+    flush_src = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    flush_dst = torch.empty_like(flush_src)
+    tok = torch.zeros(1, device="cuda")
+    cfg = gemv.config_for(N, K, 1)
+    k = gemv.build(N, K, 1, cfg)
+
+    def seq(with_prefetch, gemm=True, sleep=20000):
+        def f(i):
+            flush_dst.copy_(flush_src)                  # evict w from L2
+            if with_prefetch:
+                prefetch.prefetch_l2(tok, [w], N * K * 2)
+            torch.cuda._sleep(sleep)                     # stands in for the collective
+            if gemm:
+                prefetch.join_pending()
+                k(x, w, y)
+            else:
+                prefetch.join_pending()
+        return f
+    row = dict(family="prefetch", N=N, K=K)
+    try:
+        t_none, _ = graph_time(seq(False), iters_per_graph=5)
+        t_pf, _ = graph_time(seq(True), iters_per_graph=5)
+        t_base, _ = graph_time(seq(False, gemm=False), iters_per_graph=5)
+        row.update(us_seq_no_prefetch=t_none, us_seq_prefetch=t_pf, us_seq_without_gemv=t_base,
+                   gemv_us_cold=t_none - t_base, gemv_us_after_prefetch=t_pf - t_base, ok=True)
+    except Exception as e:
+        row.update(ok=False, error=repr(e)[:500] + traceback.format_exc()[-800:])
+    results.append(row)
+    log(json.dumps(row))
+
+
+def check_registry(results):
+    """k3fuse ops through the registered CUDA kernels: values, one log line per fallback, CUDA-graph capture."""
+    import io
+    import logging
+    from k3fuse.codegen import registry
+    buf = io.StringIO()
+    h = logging.StreamHandler(buf)
+    lg = logging.getLogger("k3fuse.codegen")
+    lg.addHandler(h)
+    lg.setLevel(logging.INFO)
+    registry.register()
+    row = dict(family="registry")
+    try:
+        errs = {}
+        w = torch.randn(3584, 7168, device="cuda", dtype=torch.bfloat16)
+        for M in (1, 2, 5, 8, 64, 65, 65):
+            x = torch.randn(M, 7168, device="cuda", dtype=torch.bfloat16)
+            y = torch.ops.k3fuse.linear(x, w)
+            errs[M] = rel_err(y, x.double() @ w.double().t())
+        x = torch.randn(4, 7168, device="cuda", dtype=torch.bfloat16)
+        yg = torch.empty(4, 3584, device="cuda", dtype=torch.bfloat16)
+        tok = torch.zeros(1, device="cuda")
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            torch.ops.k3fuse.prefetch_l2(tok, [w], 1 << 24)
+            yg.copy_(torch.ops.k3fuse.linear(x, w))
+        torch.cuda.current_stream().wait_stream(s)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            torch.ops.k3fuse.prefetch_l2(tok, [w], 1 << 24)
+            yg.copy_(torch.ops.k3fuse.linear(x, w))
+            from k3fuse.codegen.prefetch import join_pending
+            join_pending()
+        x.copy_(torch.randn(4, 7168, device="cuda", dtype=torch.bfloat16))
+        yg.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        errs["graph"] = rel_err(yg, x.double() @ w.double().t())
+        row.update(errs=errs, ok=all(e < 1e-2 for e in errs.values()))
+    except Exception as e:
+        row.update(ok=False, error=repr(e)[:500] + traceback.format_exc()[-1500:])
+    row["log"] = buf.getvalue().strip().splitlines()
+    results.append(row)
+    log(json.dumps(row))
+
+
 def main(argv=None):
     global LOG
     ap = argparse.ArgumentParser()
@@ -208,11 +342,17 @@ def main(argv=None):
                 b = bucket_for(M)
                 for cfg in (gemv.candidates(N, K, b) if a.tune else [gemv.config_for(N, K, b)]):
                     jobs.append(("gemv", (N, K, b), cfg, arch))
-    extra = []
-    try:
-        import bench_extra  # noqa: F401
-    except ImportError:
-        pass
+    if "frn" in fams:
+        from k3fuse.codegen import fused_residual_norm as frn_mod  # noqa: F401
+        for nb, add, pre, f32 in ((3, False, True, False), (0, True, True, True), (8, True, False, True),
+                                  (5, False, True, True)):
+            jobs.append(("frn", (7168, nb, add, pre, True, f32, 1e-5, 1e-5), None, arch))
+        for K in (1536, 768):
+            for M in (1, 3, 8, 64):
+                from k3fuse.codegen.buckets import bucket_for as bf
+                c, _ = gemv.route(7168, K, M)
+                if c:
+                    jobs.append(("gemv", (7168, K, bf(M)), c, arch))
     precompile(jobs, a.workers)
     copy_bw = copy_bandwidth()
     log(f"copy bandwidth {copy_bw / 1e12:.3f} TB/s (read + write, 1 GiB)")
@@ -220,15 +360,11 @@ def main(argv=None):
     tables = {}
     if "gemv" in fams:
         tables.update(bench_gemv(shapes, ms, a.tune, copy_bw, results))
-    for fam in fams:
-        if fam in ("frn", "prefetch"):
+    for fam, fn in (("frn", lambda: bench_frn(results, copy_bw)), ("prefetch", lambda: bench_prefetch(results, copy_bw)),
+                    ("registry", lambda: check_registry(results))):
+        if fam in fams:
             try:
-                mod = __import__(f"k3fuse.codegen.bench_{fam}", fromlist=["run"])
-            except ImportError:
-                sys.path.insert(0, os.path.dirname(__file__))
-                mod = __import__(f"bench_{fam}")
-            try:
-                mod.run(results, copy_bw, log, graph_time, rel_err)
+                fn()
             except Exception:
                 log("FAMILY FAILED", fam, traceback.format_exc()[-2000:])
     with open(os.path.join(a.out, "results.json"), "w") as f:

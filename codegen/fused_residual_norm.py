@@ -74,14 +74,16 @@ def launch_ok(o, w_o, addend, prefix, blocks, norm_w) -> Optional[str]:
     return None
 
 
-def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_norm):
+def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_norm, out=None, new_prefix=None):
     """Launch the mix-norm kernel on y (the o_proj output, [M, H] bf16). Returns (normed, new_prefix)."""
     import torch
     M, H = y.shape
     k = build_mix_norm(H, len(blocks), addend is not None, prefix is not None, norm_w is not None, fp32_norm,
                        mix_eps, norm_eps)
-    out = torch.empty(M, H, dtype=torch.bfloat16 if norm_w is not None else torch.float32, device=y.device)
-    new_prefix = torch.empty(M, H, dtype=torch.bfloat16, device=y.device)
+    if out is None:
+        out = torch.empty(M, H, dtype=torch.bfloat16 if norm_w is not None else torch.float32, device=y.device)
+    if new_prefix is None:
+        new_prefix = torch.empty(M, H, dtype=torch.bfloat16, device=y.device)
     wm = w_mix if (w_mix.dtype == torch.float32 and w_mix.is_contiguous()) else w_mix.float().contiguous()
     args = [y] + [t for t in (addend, prefix) if t is not None] + list(blocks) + [wm]
     if norm_w is not None:
@@ -90,7 +92,8 @@ def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_n
     return out, new_prefix
 
 
-def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm):
+def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm,
+                        out=None, new_prefix=None):
     """CUDA implementation of k3fuse::fused_residual_norm (same signature). Caller checked launch_ok()."""
     import torch
     from . import gemv
@@ -102,4 +105,4 @@ def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, 
         y = torch.nn.functional.linear(o, w_o)
     if group_name:
         y = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(y, "sum", group_name))
-    return mix_norm(y, addend, prefix, list(blocks), w_mix, norm_w, mix_eps, norm_eps, fp32_norm)
+    return mix_norm(y, addend, prefix, list(blocks), w_mix, norm_w, mix_eps, norm_eps, fp32_norm, out, new_prefix)

@@ -1,0 +1,111 @@
+"""Generated kernels compile for sm_90a and sm_100a without a GPU (CPU CI), and their PTX has what we meant."""
+import json
+import re
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+from k3fuse.codegen import compile as kcompile  # noqa: E402
+from k3fuse.codegen import fused_residual_norm as frn  # noqa: E402
+from k3fuse.codegen import gemv, prefetch  # noqa: E402
+from k3fuse.codegen.cache import KernelCache  # noqa: E402
+
+ARCHES = ["sm_90a", "sm_100a"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("K3FUSE_CACHE_DIR", str(tmp_path_factory.mktemp("kcache")))
+    kcompile.clear_memo()
+    yield
+    mp.undo()
+
+
+def ptx_of(k):
+    return open(k.files["kernel.ptx"]).read()
+
+
+def global_loads(ptx):
+    return set(re.findall(r"ld\.global(?:\.[a-z0-9:_]+)*", ptx))
+
+
+def is_128bit(load):
+    """ld.global[.qualifiers].vN.{b,u,s,f}BITS with N * BITS == 128."""
+    m = re.search(r"\.v(\d)\.[bsuf](\d+)$", load)
+    return bool(m) and int(m.group(1)) * int(m.group(2)) == 128
+
+
+# (N, K, bucket, variant): a representative set of K3 per-rank shapes (K3_MODEL.md section 8) x buckets
+GEMV_CASES = [(7168, 1536, 1, "simt"), (2304, 1536, 4, "simt"), (6288, 7168, 8, "mma"), (768, 128, 64, "mma")]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("N,K,b,variant", GEMV_CASES)
+def test_gemv_compiles_with_128bit_loads(arch, N, K, b, variant):
+    cfg = next(c for c in gemv.candidates(N, K, b) if c["variant"] == variant)
+    k = gemv.build(N, K, b, cfg, arch=arch, load=False)
+    assert {"kernel.py", "kernel.ptx", "kernel.cubin"} <= set(k.files)
+    ptx = ptx_of(k)
+    assert f".target {arch}" in ptx
+    loads = global_loads(ptx)
+    assert loads and all(is_128bit(l) for l in loads), f"non-128-bit global loads: {loads}"
+    if variant == "mma":
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx  # no register spills to local memory
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("nb,addend,prefix,fp32", [(3, False, True, False), (8, True, False, True)])
+def test_fused_residual_norm_compiles(arch, nb, addend, prefix, fp32):
+    k = frn.build_mix_norm(7168, nb, addend, prefix, True, fp32, 1e-5, 1e-5, arch=arch, load=False)
+    ptx = ptx_of(k)
+    loads = global_loads(ptx)
+    assert loads and all(is_128bit(l) for l in loads), f"non-128-bit global loads: {loads}"
+    assert "st.global.v4.b32" in ptx
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_prefetch_compiles_to_bulk_prefetch(arch):
+    k = prefetch.build(arch=arch, load=False)
+    assert "cp.async.bulk.prefetch.L2.global" in ptx_of(k)
+
+
+def test_cache_hit_corrupt_rebuild_and_arch_key(tmp_path):
+    c = KernelCache(tmp_path)
+    _, src, _ = gemv.render_source(1536, 128, 1)
+    k1 = kcompile.compile_source(src, "sm_90a", load=False, cache=c)
+    assert not k1.cached
+    kcompile.clear_memo()
+    k2 = kcompile.compile_source(src, "sm_90a", load=False, cache=c)
+    assert k2.cached and k2.key == k1.key
+    # corrupt the cached PTX: rebuilt, not served
+    with open(k2.files["kernel.ptx"], "w") as f:
+        f.write("corrupt")
+    kcompile.clear_memo()
+    k3 = kcompile.compile_source(src, "sm_90a", load=False, cache=c)
+    assert not k3.cached and ".target sm_90a" in ptx_of(k3)
+    # another arch is another key
+    k4 = kcompile.compile_source(src, "sm_100a", load=False, cache=c)
+    assert k4.key != k1.key and ".target sm_100a" in ptx_of(k4)
+
+
+def test_kernels_cli_writes_manifest(tmp_path):
+    from k3fuse.codegen import kernels_cli
+    out = tmp_path / "kout"
+    rc = kernels_cli.main(["--config", "tiny", "--tp", "1", "--batch", "1,100", "--arch", "sm_90a",
+                           "--out", str(out)])
+    assert rc == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["arch"] == "sm_90a" and m["config"] == "tiny"
+    fams = {k["family"] for k in m["kernels"]}
+    assert fams == {"gemv", "fused_residual_norm", "prefetch_l2"}
+    for k in m["kernels"]:
+        assert set(k["files"]) == {"py", "ptx", "cubin"}
+        for f in k["files"].values():
+            assert (out / f).is_file()
+        assert k["op"].startswith("k3fuse::") and "config" in k
+    g = [k for k in m["kernels"] if k["family"] == "gemv"]
+    assert all(k["bucket"] == 1 for k in g) and len(g) >= 8
+    assert any("M=100" in s["reason"] for s in m["skipped"])

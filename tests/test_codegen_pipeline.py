@@ -1,0 +1,127 @@
+"""k3fuse.codegen pipeline on the CPU: buckets, rendering, the disk cache, fallback logging, the kernels CLI."""
+import json
+import logging
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from k3fuse.codegen import buckets, cache, render
+
+
+def test_import_does_not_load_cutlass():
+    code = ("import sys, k3fuse.codegen, k3fuse.codegen.registry, k3fuse.codegen.gemv, "
+            "k3fuse.codegen.fused_residual_norm, k3fuse.codegen.prefetch, k3fuse.codegen.kernels_cli; "
+            "print(any(m == 'cutlass' or m.startswith('cutlass.') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+@pytest.mark.parametrize("m,b", [(1, 1), (2, 2), (3, 4), (4, 4), (5, 8), (8, 8), (9, 16), (17, 32), (33, 64),
+                                 (64, 64), (65, None), (1000, None), (0, None)])
+def test_bucket_for(m, b):
+    assert buckets.bucket_for(m) == b
+
+
+def test_every_template_renders():
+    from k3fuse.codegen import fused_residual_norm as frn
+    from k3fuse.codegen import gemv, prefetch
+    names = render.template_names()
+    assert {"gemv_simt.py.jinja", "gemv_mma.py.jinja", "fused_residual_norm_mixnorm.py.jinja",
+            "prefetch_l2_bulk.py.jinja"} <= set(names)
+    srcs = []
+    for N, K in [(6288, 7168), (7168, 384), (1536, 128), (2304, 1536)]:
+        for b in buckets.BUCKETS:
+            for cfg in gemv.candidates(N, K, b):
+                srcs.append(gemv.render_source(N, K, b, cfg)[1])
+    for nb in range(9):
+        srcs.append(frn.render_mixnorm(7168, nb, nb % 2 == 0, nb % 3 != 0, True, nb % 2 == 1, 1e-5, 1e-5))
+    srcs.append(frn.render_mixnorm(64, 1, False, True, False, True, 1e-5, 1e-6))
+    srcs.append(prefetch.render_source())
+    for s in srcs:
+        compile(s, "<rendered>", "exec")  # valid Python
+        assert "def ENTRY" in s and "def fake_args" in s
+
+
+def test_cache_key_covers_source_arch_version():
+    k = cache.cache_key("src", "sm_90a", "4.8.1")
+    assert k != cache.cache_key("src2", "sm_90a", "4.8.1")
+    assert k != cache.cache_key("src", "sm_100a", "4.8.1")
+    assert k != cache.cache_key("src", "sm_90a", "4.9.0")
+    assert k == cache.cache_key("src", "sm_90a", "4.8.1")
+
+
+def test_cache_store_load_corrupt(tmp_path, caplog):
+    c = cache.KernelCache(tmp_path)
+    key = cache.cache_key("x", "sm_90a")
+    assert c.load(key) is None
+    e = c.store(key, {"kernel.py": b"x", "kernel.ptx": b"ptx"}, {"arch": "sm_90a"})
+    assert open(e["files"]["kernel.ptx"], "rb").read() == b"ptx"
+    assert c.load(key)["arch"] == "sm_90a"
+    # corrupt a file: the entry is reported corrupt, deleted, and is a miss
+    with open(e["files"]["kernel.ptx"], "wb") as f:
+        f.write(b"garbage")
+    with caplog.at_level(logging.WARNING, logger="k3fuse.codegen"):
+        assert c.load(key) is None
+    assert "corrupt" in caplog.text
+    assert not c.entry_dir(key).exists()
+    # a truncated meta.json too
+    e = c.store(key, {"kernel.py": b"x"}, {})
+    (c.entry_dir(key) / "meta.json").write_text("{")
+    assert c.load(key) is None
+    # store over an existing entry replaces it; no temporary directories are left behind
+    c.store(key, {"kernel.py": b"y"}, {})
+    c.store(key, {"kernel.py": b"z"}, {})
+    assert open(c.load(key)["files"]["kernel.py"], "rb").read() == b"z"
+    assert [p.name for p in c.entry_dir(key).parent.iterdir()] == [key]
+
+
+def test_default_cache_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv("K3FUSE_CACHE_DIR", str(tmp_path / "kc"))
+    assert cache.cache_dir() == tmp_path / "kc"
+    monkeypatch.delenv("K3FUSE_CACHE_DIR")
+    assert str(cache.cache_dir()).endswith(".cache/k3fuse/kernels")
+
+
+def test_tuning_table_and_routing():
+    from k3fuse.codegen import gemv
+    # the H200 table measured on 2026-11-29 (benchmarks/RESULTS.md)
+    cfg, why = gemv.route(6288, 7168, 1, gpu="nvidia_h200")
+    assert cfg is not None and why == ""
+    cfg, why = gemv.route(6288, 7168, 64, gpu="nvidia_h200")
+    assert cfg is None and "cuBLAS" in why
+    # unknown GPU: heuristic default up to M = 8, unfused above
+    assert gemv.route(6288, 7168, 3, gpu="no_such_gpu")[0] == gemv.default_config(6288, 7168, 4)
+    assert gemv.route(6288, 7168, 8, gpu="no_such_gpu")[0]["variant"] == "mma"
+    assert gemv.route(6288, 7168, 32, gpu="no_such_gpu")[0] is None
+    assert gemv.route(6288, 7168, 65, gpu="no_such_gpu")[0] is None
+    assert gemv.route(6288, 7164, 1, gpu="no_such_gpu")[0] is None   # K not a multiple of 8
+
+
+def test_fallback_logs_one_line(caplog):
+    from k3fuse.codegen import registry
+    registry._seen.clear()
+    x = torch.randn(65, 64, dtype=torch.bfloat16)
+    w = torch.randn(32, 64, dtype=torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="k3fuse.codegen"):
+        for _ in range(3):
+            y = registry.linear_cuda(x, w)
+    lines = [r.getMessage() for r in caplog.records if r.name == "k3fuse.codegen"]
+    assert lines == ["k3fuse: k3fuse::linear takes the unfused path: 32x64: M=65 > 64"]
+    torch.testing.assert_close(y.float(), x.float() @ w.float().t(), rtol=2e-2, atol=2e-2)
+
+
+def test_register_is_idempotent():
+    from k3fuse.codegen import registry
+    assert registry.register() and registry.register()
+
+
+def test_prefetch_chunk_table():
+    from k3fuse.codegen.prefetch import chunk_table
+    rows = chunk_table([(1000, 200000), (1 << 20, 1000)], 150000, chunk=65536)
+    assert all(a % 16 == 0 and n % 16 == 0 and 0 < n <= 65536 for a, n in rows)
+    assert sum(n for _, n in rows) <= 150000
+    assert rows[0][0] == 1008
+    rows = chunk_table([(0, 4096), (1 << 20, 4096)], 1 << 30, chunk=1024)
+    assert sum(n for _, n in rows) == 8192 and rows[-1] == ((1 << 20) + 3072, 1024)
