@@ -36,7 +36,7 @@ def k3fuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
         raise RuntimeError("k3fuse compiles inference graphs: call the model under torch.no_grad() or "
                            "torch.inference_mode(), or freeze its parameters (requires_grad_(False))")
-    if opts.use_kernels:
+    if opts.use_kernels and any(isinstance(t, torch.Tensor) and t.is_cuda for t in example_inputs):
         _load_kernels()
 
     def fw_compiler(aten_gm: torch.fx.GraphModule, aten_inputs):
@@ -56,6 +56,8 @@ def k3fuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
 def _load_kernels():
     """Register the generated-kernel CUDA implementations of the k3fuse ops, when codegen is available."""
     try:
-        from k3fuse.codegen import registry  # noqa: F401  (registers on import)
+        from k3fuse.codegen import registry
     except ImportError as e:  # codegen pieces missing: the reference implementations run
-        logger.debug("k3fuse: generated kernels unavailable (%s); using reference implementations", e)
+        logger.info("k3fuse: generated kernels unavailable (%s); using reference implementations", e)
+        return
+    registry.register()
