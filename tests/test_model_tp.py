@@ -1,7 +1,5 @@
 """Tensor parallelism on CPU (gloo, one process per rank): TP = 2 and TP = 4 give the TP = 1 logits, and a
 config that does not divide by the TP size is a clear ValueError at construction."""
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +10,7 @@ from k3fuse.models import KimiK3Config
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _tp_worker  # noqa: E402
+from _launch import launch_ranks  # noqa: E402
 
 WORLD = 4
 
@@ -26,24 +25,7 @@ def tp_run(tmp_path_factory):
     """Launch the 4 ranks once; every test of this module reads their outputs."""
     tmp = tmp_path_factory.mktemp("tp")
     seed = 1234
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if os.path.exists("/sys/class/net/lo"):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    worker = str(Path(__file__).parent / "_tp_worker.py")
-    procs = [subprocess.Popen([sys.executable, worker, str(r), str(WORLD), str(tmp / "store"), str(tmp), str(seed)],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-             for r in range(WORLD)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=150)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
+    launch_ranks("_tp_worker.py", WORLD, tmp, seed, timeout=150)
     ref = _tp_worker.decode(KimiK3Config.preset("tiny"), seed)
     return tmp, ref
 
