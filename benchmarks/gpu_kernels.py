@@ -231,29 +231,30 @@ def bench_prefetch(results, copy_bw):
     cfg = gemv.config_for(N, K, 1)
     k = gemv.build(N, K, 1, cfg)
 
-    def seq(with_prefetch, gemm=True, sleep=20000):
+    def seq(pf, gemm=True, sleep=20000):
         def f(i):
             flush_dst.copy_(flush_src)                  # evict w from L2
-            if with_prefetch:
-                prefetch.prefetch_l2(tok, [w], N * K * 2)
-            torch.cuda._sleep(sleep)                     # stands in for the collective
+            if pf:
+                prefetch.prefetch_l2(tok, [w], N * K * 2, chunk=pf[0], per_cta=pf[1])
+            if sleep:
+                torch.cuda._sleep(sleep)                 # stands in for the collective
+            prefetch.join_pending()
             if gemm:
-                prefetch.join_pending()
                 k(x, w, y)
-            else:
-                prefetch.join_pending()
         return f
-    row = dict(family="prefetch", N=N, K=K)
-    try:
-        t_none, _ = graph_time(seq(False), iters_per_graph=5)
-        t_pf, _ = graph_time(seq(True), iters_per_graph=5)
-        t_base, _ = graph_time(seq(False, gemm=False), iters_per_graph=5)
-        row.update(us_seq_no_prefetch=t_none, us_seq_prefetch=t_pf, us_seq_without_gemv=t_base,
-                   gemv_us_cold=t_none - t_base, gemv_us_after_prefetch=t_pf - t_base, ok=True)
-    except Exception as e:
-        row.update(ok=False, error=repr(e)[:500] + traceback.format_exc()[-800:])
-    results.append(row)
-    log(json.dumps(row))
+    for pf in (None, (16384, 1), (65536, 1), (16384, 4), (4096, 1), (65536, 4)):
+        row = dict(family="prefetch", N=N, K=K, chunk=pf and pf[0], per_cta=pf and pf[1])
+        try:
+            t_seq, _ = graph_time(seq(pf), iters_per_graph=5)
+            t_base, _ = graph_time(seq(pf, gemm=False), iters_per_graph=5)
+            t_flush_only, _ = graph_time(seq(None, gemm=False, sleep=0), iters_per_graph=5)
+            t_pf_nosleep, _ = graph_time(seq(pf, gemm=False, sleep=0), iters_per_graph=5)
+            row.update(us_seq=t_seq, us_seq_without_gemv=t_base, gemv_us=t_seq - t_base,
+                       prefetch_kernel_us=t_pf_nosleep - t_flush_only, ok=True)
+        except Exception as e:
+            row.update(ok=False, error=repr(e)[:500] + traceback.format_exc()[-800:])
+        results.append(row)
+        log(json.dumps(row))
 
 
 def check_registry(results):

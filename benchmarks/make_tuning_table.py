@@ -20,7 +20,14 @@ def build(paths):
     best = {}
     gpu = None
     for p in paths:
-        d = json.loads(Path(p).read_text())
+        text = Path(p).read_text()
+        if p.endswith(".json"):
+            d = json.loads(text)
+        else:  # a gpu_kernels.py log: one JSON result per line
+            d = {"results": [json.loads(l) for l in text.splitlines() if l.startswith("{")]}
+            for l in text.splitlines():
+                if l.startswith("date ") and " gpu " in l:
+                    d["gpu"] = l.split(" gpu ", 1)[1].split(" torch ")[0]
         gpu = d.get("gpu", gpu)
         for r in d["results"]:
             if r.get("family") != "gemv" or not r.get("ok") or "us" not in r:

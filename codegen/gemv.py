@@ -37,8 +37,14 @@ def supports(N: int, K: int, bucket: Optional[int], cfg: Optional[dict] = None) 
             return f"unknown variant {cfg['variant']}"
         if cfg["variant"] == "simt" and N % cfg["R"]:
             return f"N={N} not a multiple of R={cfg['R']}"
-        if cfg["variant"] == "mma" and (N % 16 or K % 32):
-            return f"N={N} not a multiple of 16 or K={K} not a multiple of 32"
+        if cfg["variant"] == "mma":
+            bn = 16 * cfg.get("RT", 1) * cfg.get("WN", 1)
+            if N % 16 or K % 32 or bn > 4 * N:
+                return f"N={N} not a multiple of 16 or K={K} not a multiple of 32 (or CTA rows {bn} >> N)"
+            if cfg["W"] * cfg.get("WN", 1) > 32:
+                return "more than 1024 threads per CTA"
+            if cfg["W"] * bn * max(1, bucket // 8) * 8 * 4 > 48 * 1024:
+                return "reduction buffer over 48 KiB of shared memory"
     return None
 
 
@@ -48,7 +54,10 @@ def default_config(N: int, K: int, bucket: int) -> dict:
     if bucket >= 8 and N % 16 == 0 and K % 32 == 0:
         S = K // 32
         W = 8 if S >= 64 else 4 if S >= 16 else 1
-        return {"variant": "mma", "W": W, "U": 4 if bucket <= 16 else 2}
+        if bucket <= 16:
+            return {"variant": "mma", "W": W, "U": 4, "WN": 1, "RT": 1}
+        WN = next((wn for wn in (4, 2, 1) if N % (16 * wn) == 0), 1)
+        return {"variant": "mma", "W": 2 if S >= 32 else 1, "U": 2, "WN": WN, "RT": 1}
     r_pref = 4 if bucket <= 2 else 2 if bucket <= 8 else 1
     R = next(r for r in (r_pref, 2, 1) if N % r == 0)
     nv = K // 8
@@ -68,25 +77,28 @@ def candidates(N: int, K: int, bucket: int) -> list[dict]:
     if N % 16 == 0 and K % 32 == 0:
         S = K // 32
         if bucket <= 4:
-            grid = [(8, 4), (4, 4)]
+            grid = [(8, 4, 1, 1), (4, 4, 1, 1)]
         elif bucket <= 16:
-            grid = [(W, U) for W in (4, 8, 16) for U in (2, 4, 8)]
+            grid = [(W, U, 1, 1) for W in (4, 8, 16) for U in (2, 4, 8)]
+            grid += [(W, U, WN, RT) for W in (4, 8) for U in (2, 4) for WN, RT in ((2, 1), (1, 2))]
         else:
-            grid = [(W, U) for W in (2, 4, 8, 16) for U in (2, 4)]
-        for W, U in grid:
-            if W * U <= max(S, 2):
-                out.append({"variant": "mma", "W": W, "U": U})
+            grid = [(W, 2, WN, RT) for W in (1, 2, 4) for WN in (1, 2, 4, 8) for RT in (1, 2) if W * WN <= 16]
+        for W, U, WN, RT in grid:
+            c = {"variant": "mma", "W": W, "U": U, "WN": WN, "RT": RT}
+            if W * U <= max(S, 2) and supports(N, K, bucket, c) is None:
+                out.append(c)
     d = default_config(N, K, bucket)
     if d not in out:
         out.append(d)
     return out
 
 
-_CFG_KEYS = {"simt": ("variant", "R", "W"), "mma": ("variant", "W", "U")}
+_CFG_KEYS = {"simt": ("variant", "R", "W"), "mma": ("variant", "W", "U", "WN", "RT")}
+_CFG_DEFAULTS = {"WN": 1, "RT": 1}
 
 
 def _clean(cfg: dict) -> dict:
-    return {k: cfg[k] for k in _CFG_KEYS[cfg["variant"]]}
+    return {k: cfg.get(k, _CFG_DEFAULTS.get(k)) for k in _CFG_KEYS[cfg["variant"]]}
 
 
 def config_for(N: int, K: int, bucket: int, gpu: Optional[str] = None) -> dict:
@@ -123,8 +135,9 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[d
 def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     if cfg["variant"] == "mma":
         S, W, U = K // 32, cfg["W"], cfg["U"]
-        return dict(N=N, K=K, BM=bucket, W=W, U=U, NT=max(1, bucket // 8), OUTER=-(-S // (W * U)),
-                    PRED_S=S % (W * U) != 0, PRED_M=True)
+        return dict(N=N, K=K, BM=bucket, W=W, U=U, WN=cfg.get("WN", 1), RT=cfg.get("RT", 1), NT=max(1, bucket // 8),
+                    OUTER=-(-S // (W * U)), PRED_S=S % (W * U) != 0, PRED_M=True,
+                    PRED_N=N % (16 * cfg.get("RT", 1) * cfg.get("WN", 1)) != 0)
     nv = K // 8
     p = dict(N=N, K=K, BM=bucket, R=cfg["R"], W=cfg["W"])
     p["ITERS"] = -(-nv // (32 * cfg["W"]))
@@ -132,7 +145,7 @@ def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
 
 
 def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None) -> tuple[str, str, dict]:
-    cfg = cfg or default_config(N, K, bucket)
+    cfg = _clean(cfg or default_config(N, K, bucket))
     why = supports(N, K, bucket, cfg)
     if why:
         raise ValueError(why)

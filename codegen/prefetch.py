@@ -15,8 +15,8 @@ from .render import render
 
 FAMILY = "prefetch_l2"
 TEMPLATE = "prefetch_l2_bulk.py.jinja"
-CHUNK = 64 * 1024
-THREADS = 128
+CHUNK = 16 * 1024
+PER_CTA = 1
 
 _tables: dict = {}
 _side: dict = {}
@@ -24,14 +24,17 @@ _pending: list = []
 _lock = threading.Lock()
 
 
-def render_source(chunk: int = CHUNK, threads: int = THREADS) -> str:
-    return render(TEMPLATE, CHUNK=chunk, THREADS=threads)
+def render_source(chunk: int = CHUNK, per_cta: int = PER_CTA) -> str:
+    if chunk % 16 or not 1 <= per_cta <= 32:
+        raise ValueError("chunk must be a multiple of 16 and per_cta in 1..32")
+    return render(TEMPLATE, CHUNK=chunk, PER_CTA=per_cta)
 
 
-def build(arch: Optional[str] = None, load: bool = True):
+def build(arch: Optional[str] = None, load: bool = True, chunk: int = CHUNK, per_cta: int = PER_CTA):
     from .compile import compile_source, current_arch
-    return compile_source(render_source(), arch or current_arch(), load=load,
-                          meta=dict(family=FAMILY, op="k3fuse::prefetch_l2", template=TEMPLATE, chunk=CHUNK))
+    return compile_source(render_source(chunk, per_cta), arch or current_arch(), load=load,
+                          meta=dict(family=FAMILY, op="k3fuse::prefetch_l2", template=TEMPLATE, chunk=chunk,
+                                    per_cta=per_cta))
 
 
 def chunk_table(spans: list[tuple[int, int]], budget_bytes: int, chunk: int = CHUNK) -> list[tuple[int, int]]:
@@ -52,13 +55,13 @@ def chunk_table(spans: list[tuple[int, int]], budget_bytes: int, chunk: int = CH
     return rows
 
 
-def _table(weights, budget_bytes):
+def _table(weights, budget_bytes, chunk=CHUNK):
     import torch
     spans = tuple((w.data_ptr(), w.numel() * w.element_size()) for w in weights)
-    key = (spans, int(budget_bytes), weights[0].device.index if weights else None)
+    key = (spans, int(budget_bytes), weights[0].device.index if weights else None, chunk)
     t = _tables.get(key)
     if t is None:
-        rows = chunk_table(list(spans), budget_bytes)
+        rows = chunk_table(list(spans), budget_bytes, chunk)
         if not rows:
             return None
         t = torch.tensor(rows, dtype=torch.int64).to(weights[0].device)
@@ -66,13 +69,13 @@ def _table(weights, budget_bytes):
     return t
 
 
-def prefetch_l2(token, weights, budget_bytes) -> None:
+def prefetch_l2(token, weights, budget_bytes, chunk: int = CHUNK, per_cta: int = PER_CTA) -> None:
     import torch
     weights = [w for w in weights if w.is_cuda and w.numel() > 0]
     if not weights or budget_bytes <= 0:
         return None
-    k = build()
-    tab = _table(weights, budget_bytes)
+    k = build(chunk=chunk, per_cta=per_cta)
+    tab = _table(weights, budget_bytes, chunk)
     if tab is None:
         return None
     dev = weights[0].device
