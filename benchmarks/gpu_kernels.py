@@ -257,6 +257,53 @@ def bench_prefetch(results, copy_bw):
         log(json.dumps(row))
 
 
+def bench_fused(results, copy_bw):
+    """GEMV with the RMSNorm prologue and/or SiTU-GLU epilogue vs the same steps unfused (reference norm and
+    SiTU-GLU ops on the GPU around the tuned GEMV kernel)."""
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    rms, situ = ops.rms_norm._init_fn, ops.situ_glu._init_fn
+    cases = [(1536, 7168, True, True, "situ"), (768, 7168, True, True, "situ"), (2112, 7168, True, True, "none"),
+             (8448, 7168, True, True, "situ"), (1536, 7168, False, False, "situ")]
+    for N, K, norm, xf32, act in cases:
+        for M in (1, 2, 4):
+            row = dict(family="fused", N=N, K=K, M=M, norm=norm, x_fp32=xf32, act=act)
+            try:
+                errs = []
+                for trial in range(2):
+                    x = torch.randn(M, K, device="cuda") * 3
+                    x = x if xf32 else x.to(torch.bfloat16)
+                    w = (torch.randn(N, K, device="cuda") * K ** -0.5).to(torch.bfloat16)
+                    nw = (torch.randn(K, device="cuda") * 0.3 + 1).to(torch.bfloat16) if norm else None
+                    no = N // 2 if act == "situ" else N
+                    y = torch.full((M, no), float("nan"), device="cuda", dtype=torch.bfloat16)
+                    gemv.linear_fused(x, w, nw, 1e-5, act, out=y)
+                    torch.cuda.synchronize()
+                    h = rms(x, nw, 1e-5, torch.bfloat16) if norm else x
+                    r = (h.double() @ w.double().t()).to(torch.bfloat16)
+                    if act == "situ":
+                        r = situ(r, 4.0, 25.0)
+                    errs.append(rel_err(y, r.double()))
+                row.update(err=max(errs), ok=max(errs) < 1e-2)
+                nrot = max(2, math.ceil(3 * L2_BYTES / (N * K * 2)))
+                ws = [(torch.randn(N, K, device="cuda") * K ** -0.5).to(torch.bfloat16) for _ in range(nrot)]
+                t_f, _ = graph_time(lambda i: gemv.linear_fused(x, ws[i % nrot], nw, 1e-5, act))
+                cfg = gemv.config_for(N, K, bucket_for(M))
+
+                def unfused(i):
+                    hh = rms(x, nw, 1e-5, torch.bfloat16) if norm else x
+                    yy = gemv.linear(hh.contiguous(), ws[i % nrot], cfg)
+                    return situ(yy, 4.0, 25.0) if act == "situ" else yy
+                t_u, _ = graph_time(unfused)
+                row.update(us=t_f, unfused_us=t_u, floor_us=(N * K * 2) / copy_bw * 1e6)
+                del ws
+            except Exception as e:
+                row.update(ok=False, error=repr(e)[:500] + traceback.format_exc()[-800:])
+            results.append(row)
+            log(json.dumps(row))
+
+
 def check_registry(results):
     """k3fuse ops through the registered CUDA kernels: values, one log line per fallback, CUDA-graph capture."""
     import io
@@ -362,6 +409,7 @@ def main(argv=None):
     if "gemv" in fams:
         tables.update(bench_gemv(shapes, ms, a.tune, copy_bw, results))
     for fam, fn in (("frn", lambda: bench_frn(results, copy_bw)), ("prefetch", lambda: bench_prefetch(results, copy_bw)),
+                    ("fused", lambda: bench_fused(results, copy_bw)),
                     ("registry", lambda: check_registry(results))):
         if fam in fams:
             try:
@@ -389,7 +437,7 @@ def main(argv=None):
         log(f"{r['N']:>5}x{r['K']:<6} {r['M']:>3} {r['wbytes'] / 1e6:6.1f} {cs:>22} {r['us']:7.2f} {r['pct_copy']:6.1f} "
             f"{r['cublas_us']:7.2f} {r['floor_us'] / r['cublas_us'] * 100:6.1f} {r['speedup_cublas']:5.2f} {r['err']:8.1e}")
     for r in results:
-        if r.get("family") in ("frn", "prefetch"):
+        if r.get("family") in ("frn", "prefetch", "fused", "registry"):
             log(json.dumps(r))
 
 

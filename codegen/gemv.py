@@ -41,6 +41,8 @@ def supports(N: int, K: int, bucket: Optional[int], cfg: Optional[dict] = None) 
             bn = 16 * cfg.get("RT", 1) * cfg.get("WN", 1)
             if N % 16 or K % 32 or bn > 4 * N:
                 return f"N={N} not a multiple of 16 or K={K} not a multiple of 32 (or CTA rows {bn} >> N)"
+            if cfg.get("KB", 0) and (K // 32) % cfg["U"]:
+                return f"KB=1 needs U={cfg['U']} to divide the {K // 32} k-steps"
             if cfg["W"] * cfg.get("WN", 1) > 32:
                 return "more than 1024 threads per CTA"
             if cfg["W"] * bn * max(1, bucket // 8) * 8 * 4 > 48 * 1024:
@@ -77,14 +79,14 @@ def candidates(N: int, K: int, bucket: int) -> list[dict]:
     if N % 16 == 0 and K % 32 == 0:
         S = K // 32
         if bucket <= 4:
-            grid = [(8, 4, 1, 1), (4, 4, 1, 1)]
+            grid = [(W, U, 1, 1, KB) for W in (2, 4, 8) for U in (2, 4) for KB in (0, 1)]
         elif bucket <= 16:
-            grid = [(W, U, 1, 1) for W in (4, 8, 16) for U in (2, 4, 8)]
-            grid += [(W, U, WN, RT) for W in (4, 8) for U in (2, 4) for WN, RT in ((2, 1), (1, 2))]
+            grid = [(W, U, 1, 1, KB) for W in (4, 8, 16) for U in (2, 4, 8) for KB in (0, 1)]
+            grid += [(W, U, WN, RT, 1) for W in (4, 8) for U in (2, 4) for WN, RT in ((2, 1), (1, 2))]
         else:
-            grid = [(W, 2, WN, RT) for W in (1, 2, 4) for WN in (1, 2, 4, 8) for RT in (1, 2) if W * WN <= 16]
-        for W, U, WN, RT in grid:
-            c = {"variant": "mma", "W": W, "U": U, "WN": WN, "RT": RT}
+            grid = [(W, 2, WN, RT, 1) for W in (1, 2, 4) for WN in (1, 2, 4) for RT in (1, 2) if W * WN <= 8]
+        for W, U, WN, RT, KB in grid:
+            c = {"variant": "mma", "W": W, "U": U, "WN": WN, "RT": RT, "KB": KB}
             if W * U <= max(S, 2) and supports(N, K, bucket, c) is None:
                 out.append(c)
     d = default_config(N, K, bucket)
@@ -93,8 +95,8 @@ def candidates(N: int, K: int, bucket: int) -> list[dict]:
     return out
 
 
-_CFG_KEYS = {"simt": ("variant", "R", "W"), "mma": ("variant", "W", "U", "WN", "RT")}
-_CFG_DEFAULTS = {"WN": 1, "RT": 1}
+_CFG_KEYS = {"simt": ("variant", "R", "W"), "mma": ("variant", "W", "U", "WN", "RT", "KB")}
+_CFG_DEFAULTS = {"WN": 1, "RT": 1, "KB": 0}
 
 
 def _clean(cfg: dict) -> dict:
@@ -134,32 +136,87 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[d
 
 def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     if cfg["variant"] == "mma":
-        S, W, U = K // 32, cfg["W"], cfg["U"]
+        S, W, U, KB = K // 32, cfg["W"], cfg["U"], int(cfg.get("KB", 0))
         return dict(N=N, K=K, BM=bucket, W=W, U=U, WN=cfg.get("WN", 1), RT=cfg.get("RT", 1), NT=max(1, bucket // 8),
-                    OUTER=-(-S // (W * U)), PRED_S=S % (W * U) != 0, PRED_M=True,
+                    KB=KB, OUTER=-(-S // (W * U)), PRED_S=(S // U) % W != 0 if KB else S % (W * U) != 0, PRED_M=True,
                     PRED_N=N % (16 * cfg.get("RT", 1) * cfg.get("WN", 1)) != 0)
     nv = K // 8
-    p = dict(N=N, K=K, BM=bucket, R=cfg["R"], W=cfg["W"])
+    p = dict(N=N, K=K, BM=bucket, R=cfg["R"], W=cfg["W"], NORM=False, XF32=False, ACT="none")
     p["ITERS"] = -(-nv // (32 * cfg["W"]))
     return p
 
 
-def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None) -> tuple[str, str, dict]:
-    cfg = _clean(cfg or default_config(N, K, bucket))
-    why = supports(N, K, bucket, cfg)
+# ------------------------------------------------------------------------------------------ fusions
+# fusion = {"norm": bool, "eps": float, "x_fp32": bool, "act": "none" | "situ", "beta": float, "lbeta": float}
+#   norm: RMSNorm prologue (k3fuse::rms_norm(x, norm_w, eps, bf16) feeding the GEMV; x bf16 or fp32)
+#   act = "situ": SiTU-GLU epilogue over [gate; up] weight rows (k3fuse::situ_glu of the GEMV output)
+# Only the simt variant has them so far (the buckets where it is the fastest kernel: M <= 4 on the H200).
+NO_FUSION = {"norm": False, "eps": 1e-5, "x_fp32": False, "act": "none", "beta": 4.0, "lbeta": 25.0}
+
+
+def fusion_supports(N: int, K: int, bucket: int, cfg: dict, fusion: dict) -> Optional[str]:
+    if not (fusion.get("norm") or fusion.get("act", "none") != "none"):
+        return None
+    if cfg["variant"] != "simt":
+        return f"fusions are generated for the simt variant only (not {cfg['variant']})"
+    if fusion.get("act", "none") == "situ" and (N % 2 or (N // 2) % cfg["R"]):
+        return f"SiTU-GLU epilogue needs N/2 a multiple of R={cfg['R']}"
+    if fusion.get("act", "none") not in ("none", "situ"):
+        return f"unknown epilogue {fusion['act']}"
+    return None
+
+
+def default_fused_config(N: int, K: int, bucket: int, fusion: dict) -> dict:
+    no = N // 2 if fusion.get("act", "none") == "situ" else N
+    R = next(r for r in ((4, 2, 1) if bucket <= 2 else (2, 1)) if no % r == 0)
+    nv = K // 8
+    W = next((w for w in (4, 8, 2) if nv % (32 * w) == 0), max(1, min(8, nv // 64)))
+    return {"variant": "simt", "R": R, "W": W}
+
+
+def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
+                  fusion: Optional[dict] = None) -> tuple[str, str, dict]:
+    fusion = dict(NO_FUSION, **(fusion or {}))
+    fused = fusion["norm"] or fusion["act"] != "none"
+    cfg = _clean(cfg or (default_fused_config(N, K, bucket, fusion) if fused else default_config(N, K, bucket)))
+    why = supports(N, K, bucket, cfg) or fusion_supports(N, K, bucket, cfg, fusion)
     if why:
         raise ValueError(why)
     template = f"gemv_{cfg['variant']}.py.jinja"
-    return template, render(template, **template_params(N, K, bucket, cfg)), cfg
+    params = template_params(N, K, bucket, cfg)
+    if fused:
+        params.update(NORM=bool(fusion["norm"]), XF32=bool(fusion["x_fp32"]), EPS=repr(float(fusion["eps"])),
+                      ACT=fusion["act"], BETA=repr(float(fusion["beta"])), LBETA=repr(float(fusion["lbeta"])))
+    return template, render(template, **params), cfg
 
 
-def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optional[str] = None, load: bool = True):
+def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optional[str] = None, load: bool = True,
+          fusion: Optional[dict] = None):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    template, src, cfg = render_source(N, K, bucket, cfg)
+    template, src, cfg = render_source(N, K, bucket, cfg, fusion)
     meta = dict(family=FAMILY, op="k3fuse::linear", shape=dict(N=N, K=K), bucket=bucket, config=cfg,
-                template=template)
+                template=template, fusion=fusion or {})
     return compile_source(src, arch, load=load, meta=meta)
+
+
+def linear_fused(x, w, norm_w=None, eps: float = 1e-5, act: str = "none", beta: float = 4.0, lbeta: float = 25.0,
+                 cfg: Optional[dict] = None, out=None):
+    """situ_glu?(rms_norm?(x) @ w^T) in one launch. x [M, K] bf16 or fp32 (with norm_w), w [N, K] bf16.
+    With act="situ" the output is [M, N / 2] (w = [gate; up])."""
+    import torch
+    M, K = x.shape
+    N = w.shape[0]
+    fusion = dict(norm=norm_w is not None, eps=eps, x_fp32=x.dtype == torch.float32, act=act, beta=beta,
+                  lbeta=lbeta)
+    k = build(N, K, bucket_for(M), cfg, fusion=fusion)
+    no = N // 2 if act == "situ" else N
+    y = out if out is not None else torch.empty(M, no, dtype=torch.bfloat16, device=x.device)
+    if norm_w is not None:
+        k(x, w, norm_w, y)
+    else:
+        k(x, w, y)
+    return y
 
 
 def linear(x, w, cfg: Optional[dict] = None, out=None):

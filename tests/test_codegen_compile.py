@@ -57,6 +57,19 @@ def test_gemv_compiles_with_128bit_loads(arch, N, K, b, variant):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("N,K,b,fusion", [(1536, 7168, 1, dict(norm=True, x_fp32=True, act="situ")),
+                                          (2112, 7168, 4, dict(norm=True)), (768, 7168, 2, dict(act="situ"))])
+def test_gemv_fusions_compile(arch, N, K, b, fusion):
+    k = gemv.build(N, K, b, fusion=fusion, arch=arch, load=False)
+    ptx = ptx_of(k)
+    loads = global_loads(ptx)
+    assert loads and all(is_128bit(l) for l in loads), f"non-128-bit global loads: {loads}"
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    if fusion.get("act") == "situ":
+        assert "tanh" in ptx or "ex2" in ptx
+
+
+@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("nb,addend,prefix,fp32", [(3, False, True, False), (8, True, False, True)])
 def test_fused_residual_norm_compiles(arch, nb, addend, prefix, fp32):
     k = frn.build_mix_norm(7168, nb, addend, prefix, True, fp32, 1e-5, 1e-5, arch=arch, load=False)

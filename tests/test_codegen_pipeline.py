@@ -35,6 +35,9 @@ def test_every_template_renders():
         for b in buckets.BUCKETS:
             for cfg in gemv.candidates(N, K, b):
                 srcs.append(gemv.render_source(N, K, b, cfg)[1])
+    for f in (dict(norm=True), dict(norm=True, x_fp32=True, act="situ"), dict(act="situ")):
+        for b in (1, 2, 4, 8):
+            srcs.append(gemv.render_source(1536, 7168, b, fusion=f)[1])
     for nb in range(9):
         srcs.append(frn.render_mixnorm(7168, nb, nb % 2 == 0, nb % 3 != 0, True, nb % 2 == 1, 1e-5, 1e-5))
     srcs.append(frn.render_mixnorm(64, 1, False, True, False, True, 1e-5, 1e-6))

@@ -54,6 +54,26 @@ def test_fused_residual_norm_matches_reference(M, nb, addend, prefix, fp32):
     assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
 
 
+@pytest.mark.parametrize("M", [1, 2, 4])
+@pytest.mark.parametrize("norm,xf32,act", [(True, True, "situ"), (True, False, "none"), (False, False, "situ")])
+def test_gemv_fusions_match_reference(M, norm, xf32, act):
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
+    N, K = 1536, 7168
+    x = torch.randn(M, K, device="cuda") * 3
+    x = x if xf32 else x.to(torch.bfloat16)
+    w = bf(N, K, scale=K ** -0.5)
+    nw = bf(K, scale=0.3) + 1 if norm else None
+    no = N // 2 if act == "situ" else N
+    y = torch.full((M, no), float("nan"), device="cuda", dtype=torch.bfloat16)
+    gemv.linear_fused(x, w, nw, 1e-5, act, out=y)
+    h = ops.rms_norm._init_fn(x, nw, 1e-5, torch.bfloat16) if norm else x
+    r = (h.double() @ w.double().t()).to(torch.bfloat16)
+    if act == "situ":
+        r = ops.situ_glu._init_fn(r, 4.0, 25.0)
+    assert rel(y, r) < 1e-2
+
+
 def test_registry_ops_and_graph_capture():
     from k3fuse.codegen import registry
     from k3fuse.codegen.prefetch import join_pending
