@@ -119,7 +119,7 @@ def rel_err(out, ref):
     return ((out - ref).norm() / ref.norm()).item()
 
 
-def bench_gemv(shapes, ms, tune, copy_bw, results):
+def bench_gemv(shapes, ms, tune_ms, copy_bw, results):
     from k3fuse.codegen import gemv
     from k3fuse.codegen.buckets import bucket_for
     table = {}
@@ -136,11 +136,13 @@ def bench_gemv(shapes, ms, tune, copy_bw, results):
             t_cublas, _ = graph_time(lambda i: torch.mm(x, ws[i % nrot].t(), out=y))
             t_cublas2, _ = graph_time(lambda i: F.linear(x, ws[i % nrot]))
             t_cublas = min(t_cublas, t_cublas2)
-            cands = gemv.candidates(N, K, b) if tune else [gemv.config_for(N, K, b)]
+            tabled = gemv.config_for(N, K, b)
+            cands = [tabled] + [c for c in gemv.candidates(N, K, b) if c != tabled] if M in tune_ms else [tabled]
             best = None
             for cfg in cands:
                 row = dict(family="gemv", N=N, K=K, M=M, bucket=b, config=cfg, wbytes=wbytes,
-                           floor_us=floor_us, cublas_us=t_cublas)
+                           floor_us=floor_us, cublas_us=t_cublas, tabled=cfg == tabled,
+                           routed=gemv.route(N, K, M)[0] is not None)
                 try:
                     k = gemv.build(N, K, b, cfg)
                     errs = []
@@ -358,7 +360,8 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     ap.add_argument("--shapes", default="tp8,tp16")
     ap.add_argument("--ms", default="1,8,64")
-    ap.add_argument("--tune", action="store_true")
+    ap.add_argument("--tune", action="store_true", help="time every candidate config (else the table's / default)")
+    ap.add_argument("--tune-ms", default="", help="batch sizes to tune (the others in --ms are verified)")
     ap.add_argument("--families", default="gemv")
     ap.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 2))
     a = ap.parse_args(argv)
@@ -376,6 +379,8 @@ def main(argv=None):
             shapes.append((int(n), int(k)))
     shapes = list(dict.fromkeys(shapes))
     ms = [int(m) for m in a.ms.split(",")]
+    tune_ms = {int(m) for m in a.tune_ms.split(",") if m} or (set(ms) if a.tune else set())
+    ms = sorted(set(ms) | tune_ms)
     fams = a.families.split(",")
     log(f"date {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} gpu {torch.cuda.get_device_name()} "
         f"torch {torch.__version__} argv {sys.argv}")
@@ -388,7 +393,8 @@ def main(argv=None):
         for (N, K) in shapes:
             for M in ms:
                 b = bucket_for(M)
-                for cfg in (gemv.candidates(N, K, b) if a.tune else [gemv.config_for(N, K, b)]):
+                for cfg in (gemv.candidates(N, K, b) + [gemv.config_for(N, K, b)] if M in tune_ms
+                            else [gemv.config_for(N, K, b)]):
                     jobs.append(("gemv", (N, K, b), cfg, arch))
     if "frn" in fams:
         from k3fuse.codegen import fused_residual_norm as frn_mod  # noqa: F401
@@ -407,7 +413,7 @@ def main(argv=None):
     results = []
     tables = {}
     if "gemv" in fams:
-        tables.update(bench_gemv(shapes, ms, a.tune, copy_bw, results))
+        tables.update(bench_gemv(shapes, ms, tune_ms, copy_bw, results))
     for fam, fn in (("frn", lambda: bench_frn(results, copy_bw)), ("prefetch", lambda: bench_prefetch(results, copy_bw)),
                     ("fused", lambda: bench_fused(results, copy_bw)),
                     ("registry", lambda: check_registry(results))):
@@ -427,7 +433,7 @@ def main(argv=None):
     log(f"\ncopy bw {copy_bw / 1e12:.2f} TB/s")
     log(f"{'shape':>12} {'M':>3} {'MB':>6} {'best cfg':>22} {'us':>7} {'%copy':>6} {'cuBLAS':>7} {'%copy':>6} {'x':>5} {'err':>8}")
     for r in results:
-        if r.get("family") != "gemv" or not (r.get("best") or not a.tune):
+        if r.get("family") != "gemv" or not r.get("tabled"):
             continue
         if "us" not in r:
             continue

@@ -17,9 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def build(paths):
+    """Later files take precedence for the (shape, bucket) pairs they measured."""
     best = {}
     gpu = None
     for p in paths:
+        best_p = {}
         text = Path(p).read_text()
         if p.endswith(".json"):
             d = json.loads(text)
@@ -33,8 +35,9 @@ def build(paths):
             if r.get("family") != "gemv" or not r.get("ok") or "us" not in r:
                 continue
             key = (f"gemv:{r['N']}x{r['K']}", str(r["bucket"]))
-            if key not in best or r["us"] < best[key]["us"]:
-                best[key] = r
+            if key not in best_p or r["us"] < best_p[key]["us"]:
+                best_p[key] = r
+        best.update(best_p)
     entries = {}
     for (shape, bucket), r in sorted(best.items()):
         if r["us"] <= r["cublas_us"]:
