@@ -51,17 +51,16 @@ def supports(N: int, K: int, bucket: Optional[int], cfg: Optional[dict] = None) 
 
 
 def default_config(N: int, K: int, bucket: int) -> dict:
-    """Heuristic: tensor cores from M = 8 (CUDA-core FMAs stop keeping up with memory there, CUTEDSL.md);
-    below, CUDA cores with more rows per CTA at small M (amortise x loads)."""
-    if bucket >= 8 and N % 16 == 0 and K % 32 == 0:
-        S = K // 32
-        W = 8 if S >= 64 else 4 if S >= 16 else 1
-        if bucket <= 16:
-            return {"variant": "mma", "W": W, "U": 4, "WN": 1, "RT": 1}
-        WN = next((wn for wn in (4, 2, 1) if N % (16 * wn) == 0), 1)
-        return {"variant": "mma", "W": 2 if S >= 32 else 1, "U": 2, "WN": WN, "RT": 1}
-    r_pref = 4 if bucket <= 2 else 2 if bucket <= 8 else 1
-    R = next(r for r in (r_pref, 2, 1) if N % r == 0)
+    """Heuristic for GPUs and shapes without a table entry, from what won most often on the H200 (2026-11-29,
+    benchmarks/RESULTS.md): CUDA cores (simt) at M <= 2; from M = 4 tensor cores (mma) with contiguous k-groups
+    (KB=1), which measured within a few % of the copy bandwidth at M = 4..8 on the large K3 shapes."""
+    S = K // 32
+    if bucket >= 4 and N % 16 == 0 and K % 32 == 0 and S % 2 == 0:
+        W = 16 if (S >= 128 and 8 <= bucket <= 16) else 8 if S >= 32 else 4 if S >= 8 else 1
+        if bucket > 16:
+            W = min(W, 4)
+        return {"variant": "mma", "W": W, "U": 2, "WN": 1, "RT": 1, "KB": 1}
+    R = next(r for r in ((1, 2, 4) if N >= 2048 else (2, 4, 1)) if N % r == 0)
     nv = K // 8
     W = next((w for w in (4, 8, 2) if nv % (32 * w) == 0), max(1, min(8, nv // 64)))
     return {"variant": "simt", "R": R, "W": W}
