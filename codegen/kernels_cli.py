@@ -67,15 +67,17 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                 skipped.append(dict(op="k3fuse::linear", name=name, shape=dict(N=N, K=K), bucket=b, reason=why))
                 continue
             c = gemv.config_for(N, K, b, gpu=_gpu_for(arch))
+            routed, why_not = gemv.route(N, K, b, gpu=_gpu_for(arch))
             key = ("gemv", N, K, b, json.dumps(c, sort_keys=True))
             if key in seen:
                 seen[key]["uses"].append(name)
                 continue
             seen[key] = dict(family="gemv", op="k3fuse::linear", uses=[name], shape=dict(N=N, K=K), bucket=b,
-                             config=c, name=f"gemv_{c['variant']}_{N}x{K}_b{b}")
+                             config=c, name=f"gemv_{c['variant']}_{N}x{K}_b{b}",
+                             used_at_runtime=routed is not None, note=why_not or "")
             jobs.append(seen[key])
     H = cfg.hidden_size
-    nb_max = min(cfg.num_attn_res_blocks - 1, frn.MAX_BLOCKS)
+    nb_max = min(cfg.num_attn_res_blocks, frn.MAX_BLOCKS)   # a mix sees up to ceil(l / B) blocks
     for addend in (False, True):
         for prefix in (True, False):
             for nb in range(0, nb_max + 1):
