@@ -5,4 +5,4 @@
 The backend is registered through the `torch_dynamo_backends` entry point, so importing k3fuse is optional.
 """
 __version__ = "0.1.0"
-from .vllm_plugin import k3fuse_getattr as __getattr__  # noqa: E402  k3fuse.k3fuse_vllm_pass, built lazily (no vLLM import)
+from .vllm_plugin import k3fuse_getattr as __getattr__  # noqa: E402  (k3fuse_vllm_pass, lazily: no vLLM import)

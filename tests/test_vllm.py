@@ -57,7 +57,8 @@ def weights(seed: int, dtype):
     def r(*s, scale=1.0):
         return (torch.randn(*s, generator=g) * scale).to(dtype)
     return {"w_o": r(H, A, scale=A ** -0.5), "w_gu": r(2 * I, H, scale=H ** -0.5), "w_d": r(H, I, scale=I ** -0.5),
-            "w_q": r(Q, H, scale=H ** -0.5), "mlp_res_w": r(H, scale=0.3).float(), "attn_res_w": r(H, scale=0.3).float(),
+            "w_q": r(Q, H, scale=H ** -0.5),
+            "mlp_res_w": r(H, scale=0.3).float(), "attn_res_w": r(H, scale=0.3).float(),
             "post_norm": 1 + r(H, scale=0.1), "in_norm": 1 + r(H, scale=0.1), "q_norm": 1 + r(Q, scale=0.1),
             "o": r(M, A), "prefix": r(M, H), "block0": r(M, H)}
 
@@ -119,14 +120,15 @@ def make_piece_class():
     return K3Piece
 
 
-def vllm_config(custom_pass=None, vllm_compile=True):
+def vllm_config(custom_pass=None, vllm_compile=True, ranges=None):
     """A VllmConfig without a model. vllm_compile: vLLM's own compile path (VllmBackend: Dynamo capture, split at
     attention ops, PiecewiseBackend, Inductor with PostGradPassManager), which vLLM's CPU platform otherwise replaces
     by DYNAMO_TRACE_ONCE + plain Inductor. False: the configuration exactly as the CPU platform leaves it."""
     from vllm.config import CompilationConfig, CompilationMode, VllmConfig
     icc = {} if custom_pass is None else {"post_grad_custom_post_pass": custom_pass}
     cfg = VllmConfig(compilation_config=CompilationConfig(mode=CompilationMode.VLLM_COMPILE, backend="inductor",
-                                                          inductor_compile_config=icc))
+                                                          inductor_compile_config=icc,
+                                                          compile_ranges_endpoints=ranges))
     if vllm_compile:
         cc = cfg.compilation_config
         cc.mode = CompilationMode.VLLM_COMPILE
@@ -135,11 +137,11 @@ def vllm_config(custom_pass=None, vllm_compile=True):
     return cfg
 
 
-def run_piece(wt, restart, custom_pass, vllm_compile=True, tp_rank=0, tp_size=1, group="", calls=(M,)):
+def run_piece(wt, restart, custom_pass, vllm_compile=True, tp_rank=0, tp_size=1, group="", calls=(M,), ranges=None):
     import vllm.ir
     from vllm.config import set_current_vllm_config
     torch._dynamo.reset()
-    cfg = vllm_config(custom_pass, vllm_compile)
+    cfg = vllm_config(custom_pass, vllm_compile, ranges)
     outs = []
     # what a vLLM worker sets for its lifetime (WorkerBase: vllm.ir.set_default_torch_wrap)
     wrap = vllm.ir.enable_torch_wrap(cfg.compilation_config.ir_enable_torch_wrap is not False)
@@ -199,6 +201,20 @@ def test_vllm_compile_tp1_bf16():
         assert rel(a, r) < 1e-2 and rel(b, r) < 1e-2
 
 
+def test_decode_range_only():
+    """compile_ranges_endpoints=[4] and K3FuseVllmPass(max_tokens=4): vLLM compiles the piece per range; k3fuse
+    rewrites only the decode range [1, 4]; both ranges give the plain math."""
+    from k3fuse.vllm_plugin import K3FuseVllmPass
+    wt = weights(5, torch.float32)
+    p = K3FuseVllmPass(max_tokens=4)
+    outs = run_piece(wt, False, p, calls=(3, M), ranges=[4])
+    assert len(p.history) == 1 and p.history[0]["fuse_attn_out_allreduce_attnres_norm"] == 2, p.history
+    for n, out in zip((3, M), outs):
+        ref = reference({k: (v[:n] if k in ("o", "prefix", "block0") else v) for k, v in wt.items()}, False)
+        for a, r in zip(out, ref):
+            assert rel(a, r) < 1e-5
+
+
 def test_cpu_platform_path():
     """The configuration vLLM's CPU platform really runs (DYNAMO_TRACE_ONCE, plain Inductor with the config's
     post_grad_custom_post_pass, RMSNorm not wrapped as an op): the pass is called by Inductor directly and the
@@ -225,7 +241,8 @@ def test_vllm_compile_tp2_gloo(tmp_path):
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     world = 2
     procs = [subprocess.Popen([sys.executable, __file__, "tp-worker", str(r), str(world), str(tmp_path / "store"),
-                               str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
+                               str(tmp_path)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env=env, text=True)
              for r in range(world)]
     logs = [p.communicate(timeout=600)[0] for p in procs]
     for r, p in enumerate(procs):
