@@ -313,6 +313,13 @@ def test_config_by_name_and_general_plugin(tmp_path):
         "cc = CompilationConfig(inductor_passes={'post_grad_custom_post_pass': 'k3fuse.k3fuse_vllm_pass'})\n"
         "print(type(cc.inductor_compile_config['post_grad_custom_post_pass']).__name__)\n", tmp_path)
     assert out.split()[-1] == "K3FuseVllmPass"
+    # a pass object pickled here unpickles in a fresh process (vLLM sends the config to its workers)
+    import pickle
+
+    from k3fuse.vllm_plugin import K3FuseVllmPass
+    blob = pickle.dumps(K3FuseVllmPass(max_tokens=64))
+    out = _fresh(f"import pickle; p = pickle.loads({blob!r}); print(type(p).__name__, p.max_tokens)", tmp_path)
+    assert out.split()[-2:] == ["K3FuseVllmPass", "64"]
 
 
 # ------------------------------------------------------------------------------------------------ TP worker
