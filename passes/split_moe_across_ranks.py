@@ -6,6 +6,7 @@ them whole. After this pass rank r reads rows [r E/t, (r+1) E/t) of the router, 
 projections' output rows:
   - router: fp32 logits of the rank's experts -> all-gather [M, E] -> sigmoid + bias top-k, once per rank;
   - down:   z shard [M, 3584/t] -> all-gather -> z (every rank needs all of z for its expert slices);
+            the two gathers are merged into one (logits bit-cast to the activation dtype, packed beside z);
   - up:     the rank's [M, 7168/t] slice placed in a zero [M, 7168] partial and added to the shared expert's
             partial BEFORE the shared all-reduce that already exists (merged collective: no new collective).
             Without the attention-output fusion the slice is all-gathered instead.
@@ -15,8 +16,10 @@ the layer input and overlaps the routed path (a side stream on CUDA).
 Bytes per MoE layer per rank (bf16 weights, M tokens), from the shapes above:
   read before:  (896 + 3584 + 3584) * 7168 * 2 B = 115.6 MB
   read after:   115.6 MB / t  -> saves 101.2 MB at TP8, 108.4 MB at TP16
-  communicated: + all-gather of the router logits (M x 896 x 4 B) and of z (M x 3584 x 2 B): 10.8 KB per token
-                in total (received per rank), the up-projection rides on the existing [M, 7168] all-reduce.
+  communicated: + one all-gather of the router logits (M x 896 x 4 B) packed with z (M x 3584 x 2 B): 10.8 KB
+                per token received per rank; the up-projection rides on the existing [M, 7168] all-reduce.
+  collectives per MoE layer: 2 before (routed latent all-reduce, shared all-reduce), 3 after (+ the one
+                all-gather; the shared all-reduce now also completes the routed up-projection).
 One match per MoE layer. Numerics: identical math; only the order of bf16 additions in the merged all-reduce
 changes (routed + shared summed across ranks instead of after).
 """
@@ -26,6 +29,8 @@ import torch
 import torch.fx as fx
 
 from .base import K3FusePass, PassContext
+from torch._inductor.pattern_matcher import stable_topological_sort
+
 from .fuse_attn_out_allreduce_attnres_norm import erase_dead
 
 k3 = torch.ops.k3fuse
@@ -72,14 +77,21 @@ class SplitMoEAcrossRanks(K3FusePass):
         n = _val(w).shape[0] // self.size
         return graph.call_function(aten.slice.Tensor, (w, 0, self.rank * n, (self.rank + 1) * n))
 
-    def _gather_last(self, graph, x: fx.Node, M, n) -> fx.Node:
-        """[M, n] per rank -> [M, t * n], rank-major along the last dim."""
+    def _gather_ranks(self, graph, x: fx.Node, M, n) -> fx.Node:
+        """[M, n] per rank -> [M, t, n] (a view)."""
         ag = graph.call_function(c10d.all_gather_into_tensor.default, (x, self.size, self.group))
         w = graph.call_function(c10d.wait_tensor.default, (ag,))
         v = graph.call_function(aten.view.default, (w, [self.size, M, n]))
-        p = graph.call_function(aten.permute.default, (v, [1, 0, 2]))
-        c = graph.call_function(aten.clone.default, (p,), {"memory_format": torch.contiguous_format})
-        return graph.call_function(aten.view.default, (c, [M, self.size * n]))
+        return graph.call_function(aten.permute.default, (v, [1, 0, 2]))
+
+    def _flat(self, graph, v: fx.Node, M, n) -> fx.Node:
+        """[M, t, n/t] view -> contiguous [M, n], rank-major."""
+        c = graph.call_function(aten.clone.default, (v,), {"memory_format": torch.contiguous_format})
+        return graph.call_function(aten.view.default, (c, [M, n]))
+
+    def _gather_last(self, graph, x: fx.Node, M, n) -> fx.Node:
+        """[M, n] per rank -> [M, t * n], rank-major along the last dim."""
+        return self._flat(graph, self._gather_ranks(graph, x, M, n), M, self.size * n)
 
     def _divisible(self, *ws) -> bool:
         return all(_val(w) is not None and _val(w).shape[0] % self.size == 0 for w in ws)
@@ -106,19 +118,25 @@ class SplitMoEAcrossRanks(K3FusePass):
         up = ups[0]
         M = _val(x).shape[0]
         E = _val(w_r).shape[0]
-        # router: local fp32 logits -> gather -> top-k on every rank
-        with graph.inserting_before(router):
+        # router logits (fp32) and the down projection's z shard share the input and both are needed in full by
+        # every rank: one all-gather carries both (the fp32 logits reinterpreted in z's dtype: bit-exact).
+        first = min((router, down), key=order.__getitem__)
+        adt = _val(x).dtype
+        per = 4 // _val(x).element_size()            # activation elements per fp32 logit
+        e, d = E // self.size, D // self.size
+        with graph.inserting_before(first):
             lg = graph.call_function(k3.router_logits.default, (x, self._shard_rows(graph, w_r)))
-            full = self._gather_last(graph, lg, M, E // self.size)
+            zs = graph.call_function(k3.linear.default, (x, self._shard_rows(graph, w_down)))
+            lg_bits = graph.call_function(aten.view.dtype, (lg, adt)) if per > 1 else lg
+            packed = graph.call_function(aten.cat.default, ([lg_bits, zs], 1))
+            g = self._gather_ranks(graph, packed, M, e * per + d)                        # [M, t, e*per + d]
+            lg_all = self._flat(graph, graph.call_function(aten.slice.Tensor, (g, 2, 0, e * per)), M, E * per)
+            full = graph.call_function(aten.view.dtype, (lg_all, torch.float32)) if per > 1 else lg_all
+            z = self._flat(graph, graph.call_function(aten.slice.Tensor, (g, 2, e * per, e * per + d)), M, D)
             new = graph.call_function(k3.topk_from_logits.default, (full, bias, top_k, renorm, scale))
         router.replace_all_uses_with(new)
-        erase_dead(graph, [router])
-        # routed down projection: shard -> gather
-        with graph.inserting_before(down):
-            zs = graph.call_function(k3.linear.default, (x, self._shard_rows(graph, w_down)))
-            z = self._gather_last(graph, zs, M, D // self.size)
         down.replace_all_uses_with(z)
-        erase_dead(graph, [down])
+        erase_dead(graph, [router, down])
         # routed up projection
         H = _val(up.args[1]).shape[0]
         n = H // self.size
@@ -137,6 +155,7 @@ class SplitMoEAcrossRanks(K3FusePass):
         if new_up is not None:
             up.replace_all_uses_with(new_up)
         erase_dead(graph, [up])
+        stable_topological_sort(graph)
         # the shared expert overlaps the routed path
         sh = shared[0]
         sh.meta["k3fuse_stream"] = "shared_expert"

@@ -3,7 +3,7 @@
     python _tp_compile_worker.py RANK WORLD INIT_FILE OUT_DIR SEED
 
 In a gloo world of 4 ranks: TP = 4 (all ranks), then TP = 2 (ranks {0,1} and {2,3}). Each compiles the tiny model
-with backend="k3fuse" (all passes, eager inner compiler), runs 3 decode steps with M = 3 next to the eager model
+with backend="k3fuse" (all passes, eager inner compiler), runs 3 decode steps (and TP = 4 again in bf16) with M = 3 next to the eager model
 and saves both logits and the pipeline summary to OUT_DIR/tp{t}_rank{r}.pt.
 """
 import sys
@@ -12,15 +12,15 @@ import torch
 import torch.distributed as dist
 
 from k3fuse.backend import LAST_PIPELINES
-from k3fuse.models import KimiK3Config, KimiK3ForCausalLM
+from k3fuse.models import PRESETS, KimiK3Config, KimiK3ForCausalLM
 
 M, STEPS = 3, 3
 
 
 @torch.no_grad()
-def run(cfg, seed, group):
+def run(cfg, seed, group, dtype=torch.float32):
     torch.manual_seed(seed)
-    model = KimiK3ForCausalLM(cfg, tp_group=group).requires_grad_(False)
+    model = KimiK3ForCausalLM(cfg, tp_group=group, dtype=dtype).requires_grad_(False)
     compiled = torch.compile(model, backend="k3fuse", fullgraph=True, options={"inner_compiler": "eager"})
     ce, cc = model.new_cache(M, 8), model.new_cache(M, 8)
     g = torch.Generator().manual_seed(seed + 1)
@@ -40,6 +40,9 @@ def main():
     g2 = [dist.new_group([0, 1]), dist.new_group([2, 3])]
     torch.save(run(cfg, seed, dist.group.WORLD), f"{out}/tp4_rank{rank}.pt")
     torch.save(run(cfg, seed, g2[rank // 2]), f"{out}/tp2_rank{rank}.pt")
+    # bf16: every expert chosen, so a rounding difference cannot flip a top-k choice (which changes logits O(1))
+    all_experts = KimiK3Config.from_dict({**PRESETS["tiny"], "num_experts_per_token": PRESETS["tiny"]["num_experts"]})
+    torch.save(run(all_experts, seed, dist.group.WORLD, torch.bfloat16), f"{out}/tp4bf16_rank{rank}.pt")
     dist.barrier()
     dist.destroy_process_group()
 
