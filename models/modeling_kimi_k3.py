@@ -7,6 +7,7 @@ logits [M, vocab]. Under TP = t (a process group given as `tp_group`), weights a
 """
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from dataclasses import dataclass
@@ -375,6 +376,31 @@ class KimiK3Model(nn.Module):
         return self.norm(h if self.cfg.attn_res_mix_fp32_norm else h.to(prefix.dtype), out_dtype=prefix.dtype)
 
 
+def init_tensor(name: str, shape, generator: torch.Generator, num_layers: int, device=None) -> torch.Tensor:
+    """The initial value of the (full, unsharded) parameter `name`: scales keep activations O(1) through the layers."""
+    g, leaf = generator, name.rsplit(".", 1)[-1]
+    randn = functools.partial(torch.randn, shape, generator=g, device=device)
+    if "norm" in name and leaf == "weight" or name.endswith("o_norm"):
+        return 1.0 + 0.1 * randn()
+    if name.endswith("res_proj.weight"):
+        return randn() * shape[-1] ** -0.5 * 2
+    if leaf.endswith("conv1d"):
+        return randn() * 0.5
+    if leaf == "A_log":
+        return torch.rand(shape, generator=g, device=device) * 2 - 1
+    if leaf == "dt_bias":
+        return randn() * 0.5
+    if leaf == "e_score_correction_bias":
+        return randn() * 0.1
+    if name.endswith("embed_tokens.weight"):
+        return randn()
+    # projections [..., out, in]: 1/sqrt(fan_in); outputs added to the residual also / sqrt(2L)
+    std = shape[-1] ** -0.5
+    if any(s in name for s in ("o_proj", "down_proj", "w2_weight", "up_proj")) and "gate_up" not in name:
+        std /= math.sqrt(2 * num_layers)
+    return randn() * std
+
+
 class KimiK3ForCausalLM(nn.Module):
     def __init__(self, config: KimiK3Config, tp_group=None, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -424,28 +450,7 @@ class KimiK3ForCausalLM(nn.Module):
         L = self.config.num_hidden_layers
         for name, p in self.named_parameters():
             g = torch.Generator().manual_seed(base + zlib.crc32(name.encode()))
-            shape = self._full_shape(p)
-            leaf = name.rsplit(".", 1)[-1]
-            if "norm" in name and leaf == "weight" or name.endswith("o_norm"):
-                full = 1.0 + 0.1 * torch.randn(shape, generator=g)
-            elif name.endswith("res_proj.weight"):
-                full = torch.randn(shape, generator=g) * shape[-1] ** -0.5 * 2
-            elif leaf.endswith("conv1d"):
-                full = torch.randn(shape, generator=g) * 0.5
-            elif leaf == "A_log":
-                full = torch.rand(shape, generator=g) * 2 - 1
-            elif leaf == "dt_bias":
-                full = torch.randn(shape, generator=g) * 0.5
-            elif leaf == "e_score_correction_bias":
-                full = torch.randn(shape, generator=g) * 0.1
-            elif name.endswith("embed_tokens.weight"):
-                full = torch.randn(shape, generator=g)
-            else:  # projections [..., out, in]: 1/sqrt(fan_in); outputs added to the residual also / sqrt(2L)
-                fan_in = shape[-1]
-                std = fan_in ** -0.5
-                if any(s in name for s in ("o_proj", "down_proj", "w2_weight", "up_proj")) and "gate_up" not in name:
-                    std /= math.sqrt(2 * L)
-                full = torch.randn(shape, generator=g) * std
+            full = init_tensor(name, self._full_shape(p), g, L)
             p.copy_(self._local(name, p, full.to(p.dtype)))
 
     @torch.no_grad()
