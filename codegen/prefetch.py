@@ -64,9 +64,13 @@ def _table(weights, budget_bytes, chunk=CHUNK):
         rows = chunk_table(list(spans), budget_bytes, chunk)
         if not rows:
             return None
-        t = torch.tensor(rows, dtype=torch.int64).to(weights[0].device)
-        _tables[key] = t
-    return t
+        # pinned host copy: a copy from pageable memory is refused inside a CUDA-graph capture (seen on the
+        # H200, 2026-11-29, when the first prefetch_l2 call of a shape happened during capture)
+        host = torch.tensor(rows, dtype=torch.int64).pin_memory()
+        t = host.to(weights[0].device, non_blocking=True)
+        _tables[key] = (t, host)  # keep the pinned source alive as long as the table
+        return t
+    return t[0]
 
 
 def prefetch_l2(token, weights, budget_bytes, chunk: int = CHUNK, per_cta: int = PER_CTA) -> None:

@@ -83,6 +83,9 @@ def test_registry_ops_and_graph_capture():
     tok = torch.zeros(1, device="cuda")
     y = torch.ops.k3fuse.linear(x, w)
     assert rel(y, x.double() @ w.double().t()) < 1e-2
+    torch.ops.k3fuse.prefetch_l2(tok, [w], 1 << 24)   # warm-up (compile, chunk table) before capture
+    join_pending()
+    torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
     yg = torch.empty_like(y)
     with torch.cuda.graph(g):
