@@ -1,0 +1,248 @@
+"""One Kimi K3 decoder layer at the per-rank shapes of TP8 / TP16, on one GPU: eager, Inductor and k3fuse, all
+CUDA-graph replayed, against the HBM floor (bytes the layer must read / copy bandwidth measured in the same run).
+
+    python3 benchmarks/layer_bench.py --out DIR [--kinds kda,mla] [--tp 16,8] [--ms 1,8,64] [--max-autotune]
+
+Per-rank shapes: heads 96/t (KDA and MLA), expert and shared-expert widths 3072/t and 6144/t, router, routed
+down/up projections and MLA q_a/kv_a replicated (K3_MODEL.md section 7). On one GPU there is no all-reduce: the
+numbers are the layer's compute and HBM traffic only. Layers: 13 (KDA + MoE) and 15 (MLA + MoE), two AttnRes
+blocks completed, MLA context 1024. Weights rotate between 2 copies of the layer (each > 3x the 60 MiB L2), so
+every replay reads HBM. Writes results JSON (one row per kind x tp x M) and a PNG; prints a table last.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import time
+import zlib
+
+import torch
+from torch import nn
+
+from k3fuse.models import KimiK3Cache, KimiK3Config
+from k3fuse.models.modeling_kimi_k3 import TP, KimiK3DecoderLayer, init_tensor
+
+LAYER = {"kda": 13, "mla": 15}
+CONTEXT = 1024
+
+
+def per_rank_config(tp: int) -> KimiK3Config:
+    d = KimiK3Config().to_dict()
+    d["linear_attn_config"] = {**d["linear_attn_config"], "num_heads": 96 // tp}
+    d.update(num_attention_heads=96 // tp, moe_intermediate_size=3072 // tp)
+    return KimiK3Config.from_dict(d)
+
+
+class OneLayer(nn.Module):
+    def __init__(self, cfg, layer):
+        super().__init__()
+        self.layer = KimiK3DecoderLayer(cfg, layer, TP(None), torch.bfloat16)
+
+    def forward(self, prefix, b0, b1, mlp_out, cache: KimiK3Cache):
+        return self.layer(prefix, [b0, b1], mlp_out, cache)
+
+
+@torch.no_grad()
+def make_layer(cfg, kind, seed, device="cuda"):
+    l = LAYER[kind]
+    assert cfg.layer_kind(l) == kind
+    with torch.device("meta"):
+        m = OneLayer(cfg, l)
+    m = m.to_empty(device=device)
+    for name, p in m.named_parameters():
+        g = torch.Generator(device=device).manual_seed(seed + zlib.crc32(name.encode()))
+        p.copy_(init_tensor(name, tuple(p.shape), g, cfg.num_hidden_layers, device=device).to(p.dtype))
+    return m.requires_grad_(False)
+
+
+def make_inputs(cfg, m: OneLayer, M, device="cuda"):
+    H, L = cfg.hidden_size, cfg.num_hidden_layers
+    a = m.layer.self_attn
+    r = lambda *s, dt=torch.bfloat16: torch.randn(*s, device=device).to(dt)
+    conv = [None] * L
+    rec = [None] * L
+    lat = [None] * L
+    l = m.layer.layer_idx
+    if m.layer.kind == "kda":
+        conv[l] = r(M, cfg.conv_kernel_size - 1, 3 * a.P)
+        rec[l] = r(M, a.heads, a.head_dim, a.head_dim, dt=torch.float32) * 0.1
+    else:
+        lat[l] = r(M, CONTEXT, cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+    cache = KimiK3Cache(conv, rec, lat, torch.full((M,), CONTEXT - 24, dtype=torch.int64, device=device))
+    return [r(M, H), r(M, H), r(M, H), r(M, H) * 0.1, cache]
+
+
+def clone_inputs(inp):
+    *t, c = inp
+    cl = lambda xs: [x.clone() if x is not None else None for x in xs]
+    return [x.clone() for x in t] + [KimiK3Cache(cl(c.conv_state), cl(c.recurrent_state), cl(c.latent_cache),
+                                                 c.seq_lens.clone())]
+
+
+def floor_bytes(cfg, m: OneLayer, inp, M) -> int:
+    """Bytes the layer must move: every weight it reads once (experts: only those chosen), state read + written."""
+    n = 0
+    moe = m.layer.mlp
+    for name, p in m.named_parameters():
+        if "experts.w" not in name:
+            n += p.numel() * p.element_size()
+    x = torch.randn(M, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    ids, _ = moe.gate(x)
+    distinct = ids.unique().numel()
+    per_expert = (moe.experts.w13_weight[0].numel() + moe.experts.w2_weight[0].numel()) * 2
+    n += distinct * per_expert
+    c = inp[-1]
+    l = m.layer.layer_idx
+    if m.layer.kind == "kda":
+        n += 2 * (c.conv_state[l].numel() * 2 + c.recurrent_state[l].numel() * 4)
+    else:
+        n += M * (CONTEXT - 23) * c.latent_cache[l].shape[-1] * 2
+    n += 8 * M * cfg.hidden_size * 2           # prefix, blocks, mlp_out in; prefix, mlp_out out
+    return n
+
+
+def copy_bandwidth():
+    src = torch.randn(1 << 28, device="cuda")
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    ts = []
+    for _ in range(10):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e-3)
+    return 2 * src.numel() * 4 / statistics.median(ts)
+
+
+def time_graph(fn, copies, reps=20):
+    """Capture fn over every (layer, inputs) copy in one CUDA graph; median replay time per layer in us."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for m, inp in copies:
+            fn(m, *inp)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for m, inp in copies:
+            fn(m, *inp)
+    for _ in range(3):
+        g.replay()
+    ts = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        torch.cuda.synchronize()
+        ts.append(a.elapsed_time(b) * 1e3 / len(copies))
+    return statistics.median(ts)
+
+
+def count_kernels(fn, m, inp):
+    from torch.profiler import ProfilerActivity, profile
+    fn(m, *inp)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(m, *inp)
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    kernels = [n for n in names if not n.lower().startswith(("memcpy", "memset"))]
+    return len(kernels)
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def variants(max_autotune):
+    call = lambda m, *a: m(*a)
+    out = {"eager": call, "inductor": torch.compile(call, dynamic=False)}
+    if max_autotune:
+        out["inductor_max_autotune"] = torch.compile(call, dynamic=False, mode="max-autotune-no-cudagraphs")
+    out["k3fuse"] = torch.compile(call, backend="k3fuse", dynamic=False)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--kinds", default="kda,mla")
+    ap.add_argument("--tp", default="16,8")
+    ap.add_argument("--ms", default="1,8,64")
+    ap.add_argument("--max-autotune", action="store_true")
+    args = ap.parse_args()
+    torch._dynamo.config.cache_size_limit = 64
+    bw = copy_bandwidth()
+    gpu, date = torch.cuda.get_device_name(), time.strftime("%Y-%m-%d")
+    print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {gpu}", flush=True)
+    rows = []
+    for kind in args.kinds.split(","):
+        for tp in map(int, args.tp.split(",")):
+            cfg = per_rank_config(tp)
+            layers = [make_layer(cfg, kind, seed) for seed in (0, 1)]
+            vs = variants(args.max_autotune)
+            for M in map(int, args.ms.split(",")):
+                torch.manual_seed(M)
+                base = make_inputs(cfg, layers[0], M)
+                row = {"kind": kind, "tp": tp, "M": M, "gpu": gpu, "date": date, "copy_TBps": round(bw / 1e12, 3)}
+                fb = floor_bytes(cfg, layers[0], base, M)
+                row["floor_MB"], row["floor_us"] = round(fb / 1e6, 1), round(fb / bw * 1e6, 1)
+                ref = vs["eager"](layers[0], *clone_inputs(base))
+                for name, fn in vs.items():
+                    try:
+                        t0 = time.perf_counter()
+                        got = fn(layers[0], *clone_inputs(base))
+                        row[f"{name}_first_call_s"] = round(time.perf_counter() - t0, 1)
+                        row[f"{name}_rel_err"] = max(rel(g, r) for g, r in zip(got, ref))
+                        copies = [(l, clone_inputs(base)) for l in layers]
+                        row[f"{name}_us"] = round(time_graph(fn, copies), 1)
+                        row[f"{name}_kernels"] = count_kernels(fn, layers[0], clone_inputs(base))
+                    except Exception as e:
+                        row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:400]
+                row["kernels_per_layer"] = row.get("k3fuse_kernels")
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                with open(os.path.join(args.out, "layer_bench.json"), "w") as f:
+                    json.dump(rows, f, indent=1)
+    names = [n for n in ("eager", "inductor", "inductor_max_autotune", "k3fuse") if any(f"{n}_us" in r for r in rows)]
+    print(f"\n{'kind':<4} {'tp':>3} {'M':>3} {'floor us':>9} " + " ".join(f"{n[:14]:>14}" for n in names)
+          + "  (us / kernels; k3fuse/floor)")
+    for r in rows:
+        cells = [f"{r.get(n + '_us', float('nan')):>8.1f}/{r.get(n + '_kernels', 0):<5}" for n in names]
+        k = r.get("k3fuse_us")
+        print(f"{r['kind']:<4} {r['tp']:>3} {r['M']:>3} {r['floor_us']:>9.1f} " + " ".join(f"{c:>14}" for c in cells)
+              + (f"  {k / r['floor_us']:.2f}x" if k else ""))
+    try:
+        plot(rows, names, os.path.join(args.out, "layer_bench.png"))
+    except Exception as e:  # matplotlib may be absent
+        print("no plot:", e)
+
+
+def plot(rows, names, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = [f"{r['kind']} tp{r['tp']} M{r['M']}" for r in rows]
+    x = range(len(rows))
+    w = 0.8 / (len(names) + 1)
+    fig, ax = plt.subplots(figsize=(max(6, len(rows) * 1.2), 4))
+    ax.bar([i - 0.4 for i in x], [r["floor_us"] for r in rows], w, label="floor", align="edge")
+    for j, n in enumerate(names):
+        ax.bar([i - 0.4 + (j + 1) * w for i in x], [r.get(f"{n}_us", 0) for r in rows], w, label=n, align="edge")
+    ax.set_xticks(list(x), labels, rotation=30, ha="right")
+    ax.set_ylabel("us per layer")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
