@@ -159,5 +159,9 @@ def compile_source(source: str, arch: str, *, load: bool = True, cache: Optional
 
 
 def clear_memo() -> None:
+    """Forget every in-process compiled kernel (this module's and the kernel families' memos)."""
     with _lock:
         _memo.clear()
+    from . import fused_residual_norm, gemv, prefetch
+    for mod in (gemv, fused_residual_norm, prefetch):
+        mod._built.clear()

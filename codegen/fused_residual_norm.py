@@ -43,15 +43,23 @@ def render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, 
     return render(TEMPLATE, **mixnorm_params(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps))
 
 
+_built: dict = {}
+
+
 def build_mix_norm(H, nb, has_addend=False, has_prefix=True, has_norm=True, fp32_norm=False, mix_eps=1e-5,
                    norm_eps=1e-5, arch: Optional[str] = None, load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
+    memo = (H, nb, bool(has_addend), bool(has_prefix), bool(has_norm), bool(fp32_norm), float(mix_eps),
+            float(norm_eps), arch, load)
+    if memo in _built:
+        return _built[memo]
     src = render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps)
     meta = dict(family=FAMILY, op="k3fuse::fused_residual_norm", part="mixnorm", shape=dict(H=H, blocks=nb),
                 flags=dict(addend=has_addend, prefix=has_prefix, norm=has_norm, fp32_norm=fp32_norm),
                 template=TEMPLATE)
-    return compile_source(src, arch, load=load, meta=meta)
+    _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
+    return k
 
 
 def _rows_ok(t) -> bool:

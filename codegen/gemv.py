@@ -196,10 +196,25 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
     return template, render(template, **params), cfg
 
 
+_built: dict = {}
+
+
 def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optional[str] = None, load: bool = True,
           fusion: Optional[dict] = None):
+    """Compiled kernel for (shape, bucket, config, fusion, arch); memoised so repeated calls skip rendering and
+    hashing (the compile/disk-cache layer below is keyed by the rendered source)."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
+    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load)
+    k = _built.get(memo)
+    if k is not None:
+        return k
+    k = _build(N, K, bucket, cfg, arch, load, fusion, compile_source)
+    _built[memo] = k
+    return k
+
+
+def _build(N, K, bucket, cfg, arch, load, fusion, compile_source):
     template, src, cfg = render_source(N, K, bucket, cfg, fusion)
     meta = dict(family=FAMILY, op="k3fuse::linear", shape=dict(N=N, K=K), bucket=bucket, config=cfg,
                 template=template, fusion=fusion or {})

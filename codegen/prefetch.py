@@ -30,11 +30,18 @@ def render_source(chunk: int = CHUNK, per_cta: int = PER_CTA) -> str:
     return render(TEMPLATE, CHUNK=chunk, PER_CTA=per_cta)
 
 
+_built: dict = {}
+
+
 def build(arch: Optional[str] = None, load: bool = True, chunk: int = CHUNK, per_cta: int = PER_CTA):
     from .compile import compile_source, current_arch
-    return compile_source(render_source(chunk, per_cta), arch or current_arch(), load=load,
-                          meta=dict(family=FAMILY, op="k3fuse::prefetch_l2", template=TEMPLATE, chunk=chunk,
-                                    per_cta=per_cta))
+    arch = arch or current_arch()
+    memo = (arch, load, chunk, per_cta)
+    if memo not in _built:
+        _built[memo] = compile_source(render_source(chunk, per_cta), arch, load=load,
+                                      meta=dict(family=FAMILY, op="k3fuse::prefetch_l2", template=TEMPLATE,
+                                                chunk=chunk, per_cta=per_cta))
+    return _built[memo]
 
 
 def chunk_table(spans: list[tuple[int, int]], budget_bytes: int, chunk: int = CHUNK) -> list[tuple[int, int]]:

@@ -21,7 +21,9 @@ def gpu_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_")
 
 
+@functools.lru_cache(maxsize=None)
 def current_gpu() -> Optional[str]:
+    """Slug of the current CUDA device's name (cached: device 0's view of the process)."""
     try:
         import torch
         if torch.cuda.is_available():
