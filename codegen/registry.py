@@ -8,6 +8,8 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
                                prefer cuBLAS; else the unfused path (cuBLAS F.linear for bf16, the reference otherwise)
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel
   k3fuse::prefetch_l2          bulk L2 prefetch on a side stream
+and, where compiler/ops.py defines them, the fused GEMVs k3fuse::rms_norm_linear, k3fuse::linear_situ_glu and
+k3fuse::rms_norm_linear_situ_glu (RMSNorm prologue / SiTU-GLU epilogue; see OPTIONAL_IMPLS).
 Every fallback logs ONE line per (op, reason) on the "k3fuse.codegen" logger, at INFO level... the first time.
 Kernels compile (or load from the disk cache) at their first call: run each bucket once before capturing a
 CUDA graph, and call k3fuse.codegen.prefetch.join_pending() before ending a capture.
@@ -50,6 +52,9 @@ _DSL = None
 
 def _env_ok(op: str, device) -> bool:
     global _DSL
+    if getattr(device, "type", "cuda") != "cuda":
+        log_fallback(op, f"tensor on {device}, not CUDA")
+        return False
     if _DSL is None:
         _DSL = _dsl_available()
     if not _DSL:
@@ -137,6 +142,63 @@ def prefetch_l2_cuda(token, weights, budget_bytes):
     return None
 
 
+# ------------------------------------------------------------------ fused GEMVs (ops not in compiler/ops.py yet)
+# Expected signatures (see the codegen report):
+#   k3fuse::rms_norm_linear(x, norm_w, eps, weight)                 = linear(rms_norm(x, norm_w, eps, bf16), weight)
+#   k3fuse::linear_situ_glu(x, weight, beta, linear_beta)           = situ_glu(linear(x, weight), beta, linear_beta)
+#   k3fuse::rms_norm_linear_situ_glu(x, norm_w, eps, weight, beta, linear_beta)
+FUSED_MAX_M = 4   # the fused kernels are simt-only; the plain mma GEMV wins from M = 4-8 (RESULTS.md)
+
+
+def _fused_gemv(op, x, weight, norm_w, eps, act, beta, lbeta):
+    import torch
+    from . import gemv
+    from .prefetch import join_pending
+    K = x.shape[-1]
+    M = x.numel() // K if K else 0
+    reason = None
+    if weight.dtype != torch.bfloat16 or x.dtype not in (torch.bfloat16, torch.float32) or \
+            (norm_w is None and x.dtype != torch.bfloat16) or (norm_w is not None and norm_w.dtype != torch.bfloat16):
+        reason = f"dtypes x {x.dtype}, weight {weight.dtype}"
+    elif not 1 <= M <= FUSED_MAX_M:
+        reason = f"M={M} outside 1..{FUSED_MAX_M} (fused kernels are CUDA-core only)"
+    elif K % 8 or not weight.is_contiguous() or weight.data_ptr() % 16 or \
+            (norm_w is not None and (not norm_w.is_contiguous() or norm_w.data_ptr() % 16)):
+        reason = "layout (K % 8, contiguity or 16-byte alignment)"
+    elif act == "situ" and weight.shape[0] % 2:
+        reason = "odd N for [gate; up]"
+    if reason is None and not _env_ok(op, x.device):
+        reason = "no kernel environment"
+    if reason is None:
+        join_pending()
+        x2 = x.reshape(M, K).contiguous()
+        y = gemv.linear_fused(x2, weight, norm_w, eps, act, beta, lbeta)
+        return y.reshape(*x.shape[:-1], y.shape[-1])
+    log_fallback(op, reason)
+    h = _ref("rms_norm")(x, norm_w, eps, weight.dtype) if norm_w is not None else x
+    y = linear_cuda(h, weight)
+    return _ref("situ_glu")(y, beta, lbeta) if act == "situ" else y
+
+
+def rms_norm_linear_cuda(x, norm_w, eps, weight):
+    return _fused_gemv("k3fuse::rms_norm_linear", x, weight, norm_w, eps, "none", 4.0, 25.0)
+
+
+def linear_situ_glu_cuda(x, weight, beta, linear_beta):
+    return _fused_gemv("k3fuse::linear_situ_glu", x, weight, None, 1e-5, "situ", beta, linear_beta)
+
+
+def rms_norm_linear_situ_glu_cuda(x, norm_w, eps, weight, beta, linear_beta):
+    return _fused_gemv("k3fuse::rms_norm_linear_situ_glu", x, weight, norm_w, eps, "situ", beta, linear_beta)
+
+
+OPTIONAL_IMPLS = {
+    "k3fuse::rms_norm_linear": rms_norm_linear_cuda,
+    "k3fuse::linear_situ_glu": linear_situ_glu_cuda,
+    "k3fuse::rms_norm_linear_situ_glu": rms_norm_linear_situ_glu_cuda,
+}
+
+
 IMPLS = {
     "k3fuse::linear": linear_cuda,
     "k3fuse::fused_residual_norm": fused_residual_norm_cuda,
@@ -155,5 +217,8 @@ def register() -> bool:
     import k3fuse.ops  # noqa: F401  (defines the ops)
     for name, fn in IMPLS.items():
         torch.library.register_kernel(name, "cuda", fn)
+    for name, fn in OPTIONAL_IMPLS.items():   # registered once compiler/ops.py defines them
+        if hasattr(torch.ops.k3fuse, name.split("::")[1]):
+            torch.library.register_kernel(name, "cuda", fn)
     _registered = True
     return True

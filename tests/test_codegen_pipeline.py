@@ -128,3 +128,20 @@ def test_prefetch_chunk_table():
     assert rows[0][0] == 1008
     rows = chunk_table([(0, 4096), (1 << 20, 4096)], 1 << 30, chunk=1024)
     assert sum(n for _, n in rows) == 8192 and rows[-1] == ((1 << 20) + 3072, 1024)
+
+
+def test_fused_gemv_fallback_on_cpu_matches_composition(caplog):
+    """The fused-GEMV implementations fall back to the op composition (one log line) when no kernel applies."""
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    registry._seen.clear()
+    x = torch.randn(9, 64)                       # M = 9 > FUSED_MAX_M
+    w = torch.randn(32, 64, dtype=torch.bfloat16)
+    nw = torch.randn(64, dtype=torch.bfloat16)
+    with caplog.at_level(logging.INFO, logger="k3fuse.codegen"):
+        y = registry.rms_norm_linear_situ_glu_cuda(x, nw, 1e-5, w, 4.0, 25.0)
+        registry.rms_norm_linear_situ_glu_cuda(x, nw, 1e-5, w, 4.0, 25.0)
+    ref = ops.situ_glu._init_fn(ops.linear._init_fn(ops.rms_norm._init_fn(x, nw, 1e-5, torch.bfloat16), w), 4.0, 25.0)
+    torch.testing.assert_close(y.float(), ref.float(), rtol=2e-2, atol=2e-2)
+    lines = [r.getMessage() for r in caplog.records if "rms_norm_linear_situ_glu" in r.getMessage()]
+    assert len(lines) == 1 and "M=9" in lines[0]
