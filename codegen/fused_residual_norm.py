@@ -107,7 +107,8 @@ def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, 
     from . import gemv
     M = o.shape[0]
     cfg, _ = gemv.route(w_o.shape[0], w_o.shape[1], M)
-    if cfg is not None and o.is_contiguous() and w_o.is_contiguous():
+    if cfg is not None and o.is_contiguous() and w_o.is_contiguous() and o.data_ptr() % 16 == 0 \
+            and w_o.data_ptr() % 16 == 0:
         y = gemv.linear(o, w_o, cfg)
     else:
         y = torch.nn.functional.linear(o, w_o)

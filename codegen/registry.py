@@ -97,13 +97,13 @@ def linear_cuda(x, weight):
     if cfg is None:
         log_fallback("k3fuse::linear", f"{N}x{K}: {reason}")
         return torch.nn.functional.linear(x, weight)
+    if weight.data_ptr() % 16:
+        log_fallback("k3fuse::linear", "weight not 16-byte aligned")
+        return torch.nn.functional.linear(x, weight)
     join_pending()
     x2 = x.reshape(M, K)
-    if not x2.is_contiguous() or x2.data_ptr() % 16 or weight.data_ptr() % 16:
-        x2 = x2.contiguous()
-        if weight.data_ptr() % 16:
-            log_fallback("k3fuse::linear", "weight not 16-byte aligned")
-            return torch.nn.functional.linear(x, weight)
+    if not x2.is_contiguous() or x2.data_ptr() % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)   # a fresh allocation is 16-byte aligned
     y = gemv.linear(x2, weight, cfg)
     return y.reshape(*x.shape[:-1], N)
 
@@ -118,6 +118,8 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
     reason = None
     if o.dim() != 2:
         reason = "o is not 2-D"
+    elif M == 0:
+        reason = "empty batch"
     elif M > MAX_M:
         reason = f"M={M} > {MAX_M}"
     else:
