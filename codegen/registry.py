@@ -110,7 +110,7 @@ def linear_cuda(x, weight):
 
 # ------------------------------------------------------------------------------------- fused_residual_norm
 def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
-                             fp32_norm):
+                             fp32_norm, addend_partial=False):
     from . import fused_residual_norm as frn
     from .prefetch import join_pending
     op = "k3fuse::fused_residual_norm"
@@ -122,6 +122,9 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
         reason = "empty batch"
     elif M > MAX_M:
         reason = f"M={M} > {MAX_M}"
+    elif addend_partial and addend is not None and group_name:
+        # the MoE split's routed slice must join the GEMV output before the reduction (in-kernel AR: issue 7)
+        reason = "partial addend under TP (needs the in-kernel all-reduce)"
     else:
         reason = frn.launch_ok(o, w_o, addend, prefix, blocks, norm_w)
     if reason is None and not _env_ok(op, o.device):
@@ -129,7 +132,7 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
     if reason is not None:
         log_fallback(op, reason)
         return _ref("fused_residual_norm")(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps,
-                                           group_name, fp32_norm)
+                                           group_name, fp32_norm, addend_partial)
     join_pending()
     return frn.fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
                                    fp32_norm)
