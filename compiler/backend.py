@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections import Counter
 
 import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.aot_autograd import make_boxed_func
 
+from .lowering import lower_unkerneled_ops
 from .options import K3FuseOptions
 from .pipeline import Pipeline
 
@@ -46,11 +48,19 @@ def k3fuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         del LAST_PIPELINES[:-16]
         if opts.inner_compiler == "eager":
             return make_boxed_func(aten_gm.forward)
+        # Inductor: ops without a kernel on this device go back to ATen so that Inductor fuses them
+        pipe.summary["lowered_to_aten"] = op_counter(lower_unkerneled_ops(aten_gm, decompositions()))
+        pipe.dump(aten_gm, f"{len(pipe.passes):02d}.lowered.py")
+        pipe.write_summary()
         from torch._inductor.compile_fx import compile_fx_inner
         return compile_fx_inner(aten_gm, aten_inputs)
 
     return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler, decompositions=decompositions(),
                                  keep_inference_input_mutations=True)
+
+
+def op_counter(names) -> dict:
+    return dict(sorted(Counter(names).items()))
 
 
 def _load_kernels():

@@ -62,7 +62,7 @@ class Pipeline:
         self.ctx = PassContext(prefetch_budget_bytes=options.prefetch_budget_bytes)
         self.summary: dict = {}
 
-    def _dump(self, gm: fx.GraphModule, fname: str):
+    def dump(self, gm: fx.GraphModule, fname: str):
         d = self.debug_dir
         if d:
             with open(os.path.join(d, fname), "w") as f:
@@ -76,23 +76,26 @@ class Pipeline:
         os.makedirs(d, exist_ok=True)
         return d
 
+    def write_summary(self):
+        if self.debug_dir:
+            with open(os.path.join(self.debug_dir, "summary.json"), "w") as f:
+                json.dump(self.summary, f, indent=1)
+
     def __call__(self, gm: fx.GraphModule) -> fx.GraphModule:
         ops_before = op_counts(gm.graph)
         records = []
         for i, p in enumerate(self.passes):
-            self._dump(gm, f"{i:02d}.{p.name}.before.py")
+            self.dump(gm, f"{i:02d}.{p.name}.before.py")
             t0 = time.perf_counter()
             p(gm.graph, self.ctx)
             gm.graph.eliminate_dead_code()
             gm.recompile()
             records.append({"name": p.name, "matches": p.matches, "uuid": p.uuid()[:16],
                             "ms": round(1e3 * (time.perf_counter() - t0), 2)})
-            self._dump(gm, f"{i:02d}.{p.name}.after.py")
+            self.dump(gm, f"{i:02d}.{p.name}.after.py")
         self.summary = {"graph_id": self.graph_id, "passes": records, "ops_before": ops_before,
                         "ops": op_counts(gm.graph)}
-        if self.debug_dir:
-            with open(os.path.join(self.debug_dir, "summary.json"), "w") as f:
-                json.dump(self.summary, f, indent=1)
+        self.write_summary()
         logger.info("k3fuse graph %d: %s", self.graph_id,
                     ", ".join(f"{r['name']}={r['matches']}" for r in records))
         return gm
