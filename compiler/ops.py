@@ -135,19 +135,63 @@ def moe_experts(z: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, w13: 
                 beta: float, linear_beta: float) -> torch.Tensor:
     """Routed latent experts: sum_k weights[:, k] * W2_e SiTU-GLU(W13_e z), e = ids[:, k]; fp32 sum, output in
     z's dtype. w13 [E, 2I, D], w2 [E, D, I] (I is the rank's share under TP: the result is then partial)."""
-    M, k = ids.shape
-    out = torch.zeros(M, w2.shape[1], dtype=torch.float32, device=z.device)
-    for j in range(k):  # reference: one gathered GEMV per slot; kernels group tokens per expert
-        h = torch.einsum("md,mid->mi", z.float(), w13[ids[:, j]].float()).to(z.dtype)
-        a = _situ(h, beta, linear_beta).to(z.dtype)
-        y = torch.einsum("mi,mdi->md", a.float(), w2[ids[:, j]].float()).to(z.dtype)
-        out += weights[:, j:j + 1].float() * y.float()
-    return out.to(z.dtype)
+    # the same contractions and rounding points as a straightforward model (bf16 GEMMs, fp32 combine)
+    h = torch.einsum("md,mkid->mki", z, w13[ids])
+    a = _situ(h, beta, linear_beta).to(z.dtype)
+    y = torch.einsum("mki,mkdi->mkd", a, w2[ids])
+    return (y.float() * weights.unsqueeze(-1).float()).sum(1).to(z.dtype)
 
 
 @moe_experts.register_fake
 def _(z, ids, weights, w13, w2, beta, linear_beta):
     return z.new_empty(z.shape[0], w2.shape[1])
+
+
+# ------------------------------------------------------------------------------------------------ attention / experts
+@torch.library.custom_op(f"{LIB}::kda_recurrent", mutates_args=())
+def kda_recurrent(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
+                  A_log: torch.Tensor, b: torch.Tensor, S: torch.Tensor,
+                  lower_bound: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """KDA decode steps 3-6 (K3_MODEL.md section 4) after the causal conv: q, k, v [M, h, d] (post-conv, SiLU'd),
+    decay input a [M, h*d], beta input b [M, h], state S [M, h, d(v), d(k)] fp32. Returns (o [M, h, d] fp32, read
+    after the write; the new state)."""
+    M, h, d = q.shape
+    g = lower_bound * torch.sigmoid(A_log.float().exp().view(1, h, 1) * (a.float() + dt_bias.float()).view(M, h, d))
+    beta = torch.sigmoid(b.float())
+    q = q.float() * torch.rsqrt(q.float().pow(2).sum(-1, keepdim=True) + 1e-6) * d ** -0.5
+    k = k.float() * torch.rsqrt(k.float().pow(2).sum(-1, keepdim=True) + 1e-6)
+    St = S * g.exp().unsqueeze(2)
+    u = beta.unsqueeze(-1) * (v.float() - (St * k.unsqueeze(2)).sum(-1))      # S k
+    St = St + u.unsqueeze(-1) * k.unsqueeze(2)
+    return (St * q.unsqueeze(2)).sum(-1), St                                  # S q, after the write
+
+
+@kda_recurrent.register_fake
+def _(q, k, v, a, dt_bias, A_log, b, S, lower_bound):
+    return q.new_empty(q.shape, dtype=torch.float32), torch.empty_like(S)
+
+
+@torch.library.custom_op(f"{LIB}::mla_attention", mutates_args=())
+def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, kv_b: torch.Tensor,
+                  seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
+    """MLA decode attention, absorbed (K3_MODEL.md section 5, steps 5-6), over a cache that already holds the new
+    token at position seq_lens: q_nope [M, h, n], q_pe [M, h, r], cache [M, T, kv_lora + r], kv_b [h*(n+v), kv_lora].
+    Positions > seq_lens are masked. Returns o [M, h, v] fp32 (before the output gate)."""
+    M, h, n = q_nope.shape
+    C = kv_b.shape[1]
+    w = kv_b.float().view(h, -1, C)
+    c, kpe = cache[..., :C].float(), cache[..., C:].float()
+    q_lat = torch.einsum("mhn,hnc->mhc", q_nope.float(), w[:, :n])           # absorbed query
+    s = (torch.einsum("mhc,mtc->mht", q_lat, c) + torch.einsum("mhr,mtr->mht", q_pe.float(), kpe)) * scale
+    valid = torch.arange(cache.shape[1], device=cache.device).view(1, 1, -1) <= seq_lens.view(M, 1, 1)
+    p = torch.softmax(s.masked_fill(~valid, float("-inf")), dim=-1)
+    return torch.einsum("mhc,hvc->mhv", torch.einsum("mht,mtc->mhc", p, c), w[:, n:])
+
+
+@mla_attention.register_fake
+def _(q_nope, q_pe, cache, kv_b, seq_lens, scale):
+    M, h, n = q_nope.shape
+    return q_nope.new_empty(M, h, kv_b.shape[0] // h - n, dtype=torch.float32)
 
 
 # ------------------------------------------------------------------------------------------------ fused ops
@@ -209,6 +253,8 @@ OPS = {
     "router_logits": torch.ops.k3fuse.router_logits.default,
     "topk_from_logits": torch.ops.k3fuse.topk_from_logits.default,
     "moe_experts": torch.ops.k3fuse.moe_experts.default,
+    "kda_recurrent": torch.ops.k3fuse.kda_recurrent.default,
+    "mla_attention": torch.ops.k3fuse.mla_attention.default,
     "fused_residual_norm": torch.ops.k3fuse.fused_residual_norm.default,
     "prefetch_l2": torch.ops.k3fuse.prefetch_l2.default,
 }

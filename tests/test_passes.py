@@ -62,11 +62,15 @@ def test_canonicalize_ops(tiny_tp1):
     #   attnres_mix: 2 per layer - 1 (layer 0 input has one source) + final; situ: dense 1 + 2 per MoE
     n_linear = 8 * (L - n_mla) + 5 * n_mla + 2 + 4 * n_moe + 1
     n_norm = 2 * L + 1 + 2 * n_mla + n_moe + (L - n_mla)
-    assert matches(s)["canonicalize"] == n_linear + n_norm + (2 * L) + n_moe + (1 + 2 * n_moe)
+    #   blocks: one KDA recurrence per KDA layer, one MLA attention per MLA layer, one expert block per MoE layer
+    #   (which takes that layer's expert SiTU-GLU with it)
+    n_blocks = (L - n_mla) + n_mla + n_moe
+    assert matches(s)["canonicalize"] == n_linear + n_norm + (2 * L) + n_moe + (1 + n_moe) + n_blocks
     # after the fusion pass: each fused op consumed one linear, one mix and one norm
     assert after == {"k3fuse.fused_residual_norm": 2 * L, "k3fuse.linear": n_linear - 2 * L,
                      "k3fuse.rms_norm": n_norm - 2 * L, "k3fuse.router_topk": n_moe,
-                     "k3fuse.situ_glu": 1 + 2 * n_moe}
+                     "k3fuse.situ_glu": 1 + n_moe, "k3fuse.kda_recurrent": L - n_mla,
+                     "k3fuse.mla_attention": n_mla, "k3fuse.moe_experts": n_moe}
     assert err < 1e-4
 
 
