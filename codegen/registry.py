@@ -20,6 +20,7 @@ import logging
 import os
 import threading
 
+from . import streams
 from .buckets import MAX_M
 
 log = logging.getLogger("k3fuse.codegen")
@@ -208,6 +209,8 @@ IMPLS = {
     "k3fuse::linear": linear_cuda,
     "k3fuse::fused_residual_norm": fused_residual_norm_cuda,
     "k3fuse::prefetch_l2": prefetch_l2_cuda,
+    "k3fuse::side_linear_situ": streams.side_linear_situ_cuda,
+    "k3fuse::stream_join": streams.stream_join_cuda,
 }
 
 

@@ -244,6 +244,30 @@ def prefetch_l2(token: torch.Tensor, weights: list[torch.Tensor], budget_bytes: 
     return None
 
 
+# ------------------------------------------------------------------------------------------------ streams
+@torch.library.custom_op(f"{LIB}::side_linear_situ", mutates_args=())
+def side_linear_situ(x: torch.Tensor, weight: torch.Tensor, beta: float, linear_beta: float) -> torch.Tensor:
+    """SiTU-GLU(x @ weight^T): the shared expert's up half. On CUDA it runs on a side stream and returns at once;
+    `stream_join` on its output makes the current stream wait (the routed path runs in between)."""
+    return _situ((x.float() @ weight.float().t()).to(x.dtype), beta, linear_beta).to(x.dtype)
+
+
+@side_linear_situ.register_fake
+def _(x, weight, beta, linear_beta):
+    return x.new_empty(x.shape[0], weight.shape[0] // 2)
+
+
+@torch.library.custom_op(f"{LIB}::stream_join", mutates_args=())
+def stream_join(x: torch.Tensor) -> torch.Tensor:
+    """The value of x, once the side-stream work that produced it is done (a copy: ops may not alias inputs)."""
+    return x.clone()
+
+
+@stream_join.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
 OPS = {
     "linear": torch.ops.k3fuse.linear.default,
     "rms_norm": torch.ops.k3fuse.rms_norm.default,
@@ -257,4 +281,6 @@ OPS = {
     "mla_attention": torch.ops.k3fuse.mla_attention.default,
     "fused_residual_norm": torch.ops.k3fuse.fused_residual_norm.default,
     "prefetch_l2": torch.ops.k3fuse.prefetch_l2.default,
+    "side_linear_situ": torch.ops.k3fuse.side_linear_situ.default,
+    "stream_join": torch.ops.k3fuse.stream_join.default,
 }

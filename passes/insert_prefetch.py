@@ -28,6 +28,7 @@ WEIGHT_ARGS = {
     k3.router_logits.default: (1,),
     k3.router_topk.default: (1,),
     k3.fused_residual_norm.default: (1,),
+    k3.side_linear_situ.default: (1,),
 }
 
 

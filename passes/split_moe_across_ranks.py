@@ -10,8 +10,9 @@ projections' output rows:
   - up:     the rank's [M, 7168/t] slice placed in a zero [M, 7168] partial and added to the shared expert's
             partial BEFORE the shared all-reduce that already exists (merged collective: no new collective).
             Without the attention-output fusion the slice is all-gathered instead.
-The shared expert (gate_up + SiTU-GLU) is marked `meta["k3fuse_stream"] = "shared_expert"`: it depends only on
-the layer input and overlaps the routed path (a side stream on CUDA).
+The shared expert's gate_up GEMV + SiTU-GLU depends only on the layer input: it becomes one
+`k3fuse.side_linear_situ` (a side stream on CUDA) joined by `k3fuse.stream_join` where the fused down_proj +
+all-reduce consumes it, so it overlaps the router, the gathers and the routed experts.
 
 Bytes per MoE layer per rank (bf16 weights, M tokens), from the shapes above:
   read before:  (896 + 3584 + 3584) * 7168 * 2 B = 115.6 MB
@@ -156,9 +157,17 @@ class SplitMoEAcrossRanks(K3FusePass):
             up.replace_all_uses_with(new_up)
         erase_dead(graph, [up])
         stable_topological_sort(graph)
-        # the shared expert overlaps the routed path
+        # the shared expert's up half (gate_up GEMV + SiTU-GLU) depends only on the layer input: one op that runs
+        # on a side stream, joined where its result is consumed (the fused down_proj + all-reduce)
         sh = shared[0]
-        sh.meta["k3fuse_stream"] = "shared_expert"
-        for u in sh.users:
-            u.meta["k3fuse_stream"] = "shared_expert"
+        situ = [u for u in sh.users if u.target == k3.situ_glu.default]
+        if len(sh.users) == 1 and len(situ) == 1:
+            situ = situ[0]
+            with graph.inserting_before(sh):
+                side = graph.call_function(k3.side_linear_situ.default, (x, sh.args[1]) + tuple(situ.args[1:]))
+            first_use = min(situ.users, key=order.__getitem__)
+            with graph.inserting_before(first_use):
+                joined = graph.call_function(k3.stream_join.default, (side,))
+            situ.replace_all_uses_with(joined)
+            erase_dead(graph, [situ])
         return 1

@@ -186,6 +186,9 @@ def test_passes_tp_numerics_and_matches(tp_compiled, tp):
         assert ops["_c10d_functional.all_gather_into_tensor"] == 5 + 1   # router+z merged; + the lm_head gather
         # all-reduces left: the embedding and the 5 routed latent partials; o_proj / MLP outputs are fused
         assert ops["_c10d_functional.all_reduce"] == 1 + 5
+        # the shared expert's gate_up + SiTU-GLU on a side stream, joined before the fused down_proj + all-reduce
+        assert ops["k3fuse.side_linear_situ"] == 5 and ops["k3fuse.stream_join"] == 5
+        assert ops["k3fuse.situ_glu"] == 1                                   # the dense layer 0 MLP
         assert s["ops_before"]["_c10d_functional.all_reduce"] == 1 + 6 + 1 + 5 * 2
     # and TP=t equals TP=1
     ref_cache = ref_model.new_cache(3, 8)
