@@ -237,3 +237,21 @@ def test_passes_preserve_outputs_random_configs(cfg_m):
     err, s = compile_and_run(cfg, M=M)
     assert err < 1e-4
     assert matches(s)["fuse_attn_out_allreduce_attnres_norm"] == 2 * cfg.num_hidden_layers
+
+
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                               HealthCheck.function_scoped_fixture])
+@given(small_configs(), st.sampled_from([2, 4]))
+def test_passes_preserve_outputs_random_configs_tp(tmp_path_factory, cfg_m, tp):
+    """The same property under tensor parallelism (gloo, one process per rank): every pass, TP = 2 or 4."""
+    import json
+    cfg, M = cfg_m
+    tmp = tmp_path_factory.mktemp("tpprop")
+    (tmp / "config.json").write_text(json.dumps({"config": cfg.to_dict(), "M": M}))
+    launch_ranks("_tp_property_worker.py", tp, tmp, seed=3)
+    r = json.loads((tmp / "result.json").read_text())
+    assert max(r["errs"]) < 1e-5
+    assert r["matches"]["fuse_attn_out_allreduce_attnres_norm"] == 2 * cfg.num_hidden_layers
+    n_moe = cfg.num_hidden_layers - min(cfg.first_k_dense_replace, cfg.num_hidden_layers)
+    # the split needs the experts to divide by TP; otherwise the MoE stays replicated (and still correct)
+    assert r["matches"]["split_moe_across_ranks"] == (n_moe if cfg.num_experts % tp == 0 else 0)
