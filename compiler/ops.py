@@ -87,7 +87,11 @@ def _(sources, w, eps):
 def router_topk(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Sigmoid router with correction bias (for choosing only): (expert ids [M, k] int64, weights [M, k] fp32)."""
-    s = torch.sigmoid(x.float() @ weight.float().t())
+    return _topk(x.float() @ weight.float().t(), bias, top_k, renormalize, scale)
+
+
+def _topk(logits, bias, top_k, renormalize, scale):
+    s = torch.sigmoid(logits)
     ids = torch.topk(s + bias.float(), top_k, dim=-1).indices
     w = s.gather(1, ids)
     if renormalize:
@@ -110,12 +114,7 @@ def _(x, weight):
 def topk_from_logits(logits: torch.Tensor, bias: torch.Tensor, top_k: int, renormalize: bool,
                      scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The second half of router_topk, on gathered fp32 logits [M, E]."""
-    s = torch.sigmoid(logits)
-    ids = torch.topk(s + bias.float(), top_k, dim=-1).indices
-    w = s.gather(1, ids)
-    if renormalize:
-        w = w / w.sum(-1, keepdim=True)
-    return ids, w * scale
+    return _topk(logits, bias, top_k, renormalize, scale)
 
 
 @topk_from_logits.register_fake
