@@ -1,0 +1,109 @@
+"""k3fuse::kda_recurrent kernel (codegen/kda_recurrent.py): renders and compiles for sm_90a and sm_100a without a
+GPU; the PTX has 128-bit state loads / stores and ptxas reports no spills."""
+import importlib.util
+import re
+import sys
+
+import pytest
+
+pytest.importorskip("cutlass")
+
+from k3fuse.codegen import compile as kcompile  # noqa: E402
+from k3fuse.codegen import kda_recurrent as kr  # noqa: E402
+
+ARCHES = ["sm_90a", "sm_100a"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("K3FUSE_CACHE_DIR", str(tmp_path_factory.mktemp("kcache")))
+    kr._built.clear()
+    yield
+    kr._built.clear()
+    mp.undo()
+
+
+def is_128bit(op):
+    """ld/st.global[.qualifiers].vN.{b,u,s,f}BITS with N * BITS == 128 (sm_100a prints v2.b64)."""
+    m = re.search(r"\.v(\d)\.[bsuf](\d+)$", op)
+    return bool(m) and int(m.group(1)) * int(m.group(2)) == 128
+
+
+def ops(ptx, kind):
+    return re.findall(rf"\b{kind}\.global(?:\.[a-z0-9:_]+)*", ptx)
+
+
+# (d, a dtype, b dtype, lanes per row)
+CASES = [(128, "bfloat16", "bfloat16", 2), (128, "float32", "float32", 2), (64, "bfloat16", "float32", 2)]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("d,adt,bdt,lpr", CASES)
+def test_kda_kernel_compiles(arch, d, adt, bdt, lpr):
+    k = kr.build(d, adt, bdt, -5.0, lpr, arch=arch, load=False)
+    assert {"kernel.py", "kernel.ptx", "kernel.cubin"} <= set(k.files)
+    ptx = open(k.files["kernel.ptx"]).read()
+    assert f".target {arch}" in ptx
+    loads, stores = ops(ptx, "ld"), ops(ptx, "st")
+    nch = d // 4 // lpr
+    # the lane's share of its S row: nch 128-bit loads and nch 128-bit stores, nothing narrower but o and scalars
+    assert sum(map(is_128bit, loads)) >= nch, loads
+    assert sum(map(is_128bit, stores)) == nch, stores
+    assert all(is_128bit(s) or re.search(r"\.[bf]32$", s) for s in stores), stores
+    assert len(stores) == nch + 1                        # + the scalar store of o[row]
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert "bar.sync" in ptx or "barrier.sync" in ptx
+
+
+def _import(src, name, tmp_path):
+    p = tmp_path / f"{name}.py"
+    p.write_text(src)
+    spec = importlib.util.spec_from_file_location(name, p)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_kda_kernel_no_spills(arch, tmp_path, capfd):
+    """ptxas remarks (remarks{ptx}) for the K3 configuration (d = 128, bf16 a / b): no spills, <= 128 registers
+    (so two 256-thread CTAs fit per SM)."""
+    import cutlass.cute as cute
+    mod = _import(kr.render_source(128, "bfloat16", "bfloat16", -5.0), f"kda_spills_{arch}", tmp_path)
+    capfd.readouterr()
+    cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
+    out = "".join(capfd.readouterr())
+    regs = re.findall(r"Used (\d+) registers", out)
+    assert regs, out[-2000:]
+    assert "0 bytes spill stores, 0 bytes spill loads" in out and "detected register spills" not in out, out[-2000:]
+    assert int(regs[0]) <= 128, regs
+
+
+def test_kda_compile_key_and_supports():
+    base = kr.render_source(128)
+    variants = [kr.render_source(64), kr.render_source(128, "float32"), kr.render_source(128, b_dtype="float32"),
+                kr.render_source(128, lpr=4), kr.render_source(128, lower_bound=-4.0)]
+    assert len({base, *variants}) == 1 + len(variants)          # every compile-time value changes the source
+    assert kcompile.cache_key(base, "sm_90a") != kcompile.cache_key(base, "sm_100a")
+    assert kr.supports(96) and kr.supports(128, 3) and kr.supports(128) is None and kr.supports(64, 1) is None
+    with pytest.raises(ValueError):
+        kr.render_source(256)
+
+
+def test_kda_fallback_on_cpu():
+    """On CPU tensors (or unsupported shapes) kda_recurrent_cuda returns the reference, with one log line."""
+    import torch
+    from k3fuse import ops
+    M, h, d = 2, 3, 32
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(M, h, d, generator=g) for _ in range(3))
+    a = torch.randn(M, h * d, generator=g).to(torch.bfloat16)
+    dt, A_log, b = torch.randn(h * d, generator=g), torch.rand(h, generator=g), torch.randn(M, h, generator=g)
+    S = torch.randn(M, h, d, d, generator=g)
+    assert kr.launch_ok(q, k, v, a, dt, A_log, b, S) is not None          # d = 32
+    o, Sn = kr.kda_recurrent_cuda(q, k, v, a, dt, A_log, b, S, -5.0)
+    ro, rS = ops.kda_recurrent._init_fn(q, k, v, a, dt, A_log, b, S, -5.0)
+    assert torch.equal(o, ro) and torch.equal(Sn, rS)
+    assert set(kr.EXPERIMENTAL_IMPLS) == {"k3fuse::kda_recurrent"}
