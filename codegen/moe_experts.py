@@ -1,0 +1,181 @@
+"""Kernel family: routed latent MoE experts for decode, M <= 64 (k3fuse::moe_experts). EXPERIMENTAL.
+
+    out[m] = bf16(sum_j fp32(weights[m, j]) * fp32(bf16(W2_e bf16(SiTU-GLU(bf16(W13_e z_m)))))),  e = ids[m, j]
+
+One template, templates/moe_experts_simt.py.jinja, compiled as ONE function that issues two launches on the
+current stream (scratch a [M, k, I] bf16 between them):
+  up    W13 GEMV + SiTU-GLU in registers (gate row i and up row I + i in the same CTA). GROUPED for buckets > 1:
+        an expert chosen by several tokens is read once (its first pair computes every member token); bucket 1
+        is the plain per-(token, slot) kernel.
+  down  W2 GEMV per (token, D-chunk) over the k slots, y rounded to bf16 per slot, fp32 combine, bf16 out.
+        Not grouped: W2 is read once per (token, slot) (from L2 when tokens share an expert, if it is still there).
+Both are CUDA-core kernels with 16-byte weight loads and compile-time register indices.
+
+Status (2026-11-29): renders and compiles for sm_90a and sm_100a (tests/test_moe_kernel_compile.py); NOT run
+on a GPU yet (tests/test_moe_kernel_gpu.py is written but unexecuted). Register it only behind an opt-in flag:
+EXPERIMENTAL_IMPLS below.
+
+Compile key: the rendered source (E, I, D, k, batch bucket, beta, linear_beta and the config are baked in) plus
+the arch (codegen/cache.py), memoised in-process by the same values.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from .buckets import MAX_M, bucket_for
+from .render import render
+
+log = logging.getLogger("k3fuse.codegen")
+
+FAMILY = "moe_experts"
+OP = "k3fuse::moe_experts"
+TEMPLATE = "moe_experts_simt.py.jinja"
+
+
+def default_config(E: int, I: int, D: int, KT: int, bucket: int) -> dict:
+    """Heuristic (untimed): up = gemv-simt-like with W warps covering D in as few unrolled steps as divide evenly;
+    down = LPR lanes per W2 row so each lane reads a few 16-byte vectors of a row."""
+    nv = D // 8
+    W = next((w for w in (7, 4, 8, 2, 1) if nv % (32 * w) == 0), 4)
+    R = next(r for r in (2, 1) if I % r == 0)
+    G = min(bucket, 4)    # members per pass: RR * G fp32 accumulators (G = 8 took 174 registers on sm_100a)
+    nvi = I // 8
+    LPR = next((l for l in (8, 16, 4, 2, 1) if nvi % l == 0))
+    WD = 4
+    rpw = 32 // LPR
+    vpl = nvi // LPR
+    RT = next((rt for rt in (2, 1) if D % (WD * rpw * rt) == 0 and rt * vpl <= 6), 1)  # I=384: RT=2 used stack
+    return {"R": R, "W": W, "G": G, "GROUP": int(bucket > 1), "WD": WD, "LPR": LPR, "RT": RT,
+            "CPC": cpc_for(I, R, KT, bucket)}
+
+
+UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the ids scan before it exits)
+
+
+def cpc_for(I: int, R: int, KT: int, bucket: int) -> int:
+    """Column groups per up CTA: the smallest power of two dividing I / R that keeps bucket * k * I / (R * CPC)
+    CTAs <= UP_CTAS (1 for the ungrouped bucket 1)."""
+    cpc = 1
+    while bucket > 1 and bucket * KT * (I // R) // cpc > UP_CTAS and (I // R) % (2 * cpc) == 0:
+        cpc *= 2
+    return cpc
+
+
+def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Optional[dict] = None) -> Optional[str]:
+    """None if a kernel exists for this problem, else the reason why not (for the fallback log line)."""
+    if bucket is None:
+        return f"M outside the batch buckets (1..{MAX_M})"
+    if D % 8 or I % 8:
+        return f"D={D} or I={I} not a multiple of 8 (16-byte loads)"
+    if not 1 <= KT <= 30:
+        return f"k={KT} outside 1..30 (slot bitmask)"
+    cfg = cfg or default_config(E, I, D, KT, bucket)
+    if I % (cfg["R"] * cfg.get("CPC", 1)):
+        return f"I={I} not a multiple of R * CPC = {cfg['R']} * {cfg.get('CPC', 1)}"
+    if (I // 8) % cfg["LPR"] or 32 % cfg["LPR"]:
+        return f"I/8={I // 8} not a multiple of LPR={cfg['LPR']}"
+    if D % (cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"]):
+        return f"D={D} not a multiple of the down kernel's rows per CTA"
+    if cfg["R"] * min(cfg["G"], bucket) > 32 * cfg["W"]:
+        return "R * G entries > threads of the up kernel"
+    if cfg["W"] * 32 > 1024 or cfg["WD"] * 32 > 1024:
+        return "more than 1024 threads per CTA"
+    return None
+
+
+def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
+    nv = D // 8
+    group = bool(cfg["GROUP"]) and bucket > 1
+    return dict(E=E, I=I, D=D, KT=KT, BM=bucket, BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
+                R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=min(cfg["G"], bucket) if group else 1,
+                GROUP=group, CPC=cfg.get("CPC", 1) if group else 1, WD=cfg["WD"], LPR=cfg["LPR"], RT=cfg["RT"], VPL=(I // 8) // cfg["LPR"],
+                DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
+
+
+def render_source(E, I, D, KT, bucket, beta=4.0, lbeta=25.0, cfg: Optional[dict] = None) -> tuple[str, dict]:
+    cfg = dict(cfg or default_config(E, I, D, KT, bucket))
+    why = supports(E, I, D, KT, bucket, cfg)
+    if why:
+        raise ValueError(why)
+    return render(TEMPLATE, **template_params(E, I, D, KT, bucket, cfg, beta, lbeta)), cfg
+
+
+_built: dict = {}
+
+
+def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta: float = 25.0,
+          cfg: Optional[dict] = None, arch: Optional[str] = None, load: bool = True):
+    """Compiled kernel pair for (E, I, D, k, bucket, beta, lbeta, config, arch); memoised."""
+    from .compile import compile_source, current_arch
+    arch = arch or current_arch()
+    memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load)
+    k = _built.get(memo)
+    if k is not None:
+        return k
+    src, cfg = render_source(E, I, D, KT, bucket, beta, lbeta, cfg)
+    meta = dict(family=FAMILY, op=OP, shape=dict(E=E, I=I, D=D, k=KT), bucket=bucket, config=cfg,
+                template=TEMPLATE, beta=float(beta), lbeta=float(lbeta))
+    k = compile_source(src, arch, load=load, meta=meta)
+    _built[memo] = k
+    return k
+
+
+def moe_experts(z, ids, weights, w13, w2, beta: float, linear_beta: float, cfg: Optional[dict] = None,
+                out=None, scratch=None):
+    """Launch both kernels on the current stream (no checks: see moe_experts_cuda). Returns out [M, D] bf16."""
+    import torch
+    M, D = z.shape
+    KT = ids.shape[1]
+    E, I2, _ = w13.shape
+    I = I2 // 2
+    k = build(E, I, D, KT, bucket_for(M), beta, linear_beta, cfg)
+    a = scratch if scratch is not None else torch.empty(M, KT, I, dtype=torch.bfloat16, device=z.device)
+    y = out if out is not None else torch.empty(M, D, dtype=torch.bfloat16, device=z.device)
+    k(z, ids, weights, w13, w2, a, y)
+    return y
+
+
+def _unsupported(z, ids, weights, w13, w2) -> Optional[str]:
+    import torch
+    if z.dim() != 2 or ids.dim() != 2 or weights.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+        return "ranks (z 2-D, ids 2-D, weights 2-D, w13 3-D, w2 3-D)"
+    if (z.dtype, ids.dtype, weights.dtype, w13.dtype, w2.dtype) != \
+            (torch.bfloat16, torch.int64, torch.float32, torch.bfloat16, torch.bfloat16):
+        return f"dtypes z {z.dtype}, ids {ids.dtype}, weights {weights.dtype}, w13 {w13.dtype}, w2 {w2.dtype}"
+    M, D = z.shape
+    E, I2, D1 = w13.shape
+    if D1 != D or I2 % 2 or tuple(w2.shape) != (E, D, I2 // 2) or tuple(ids.shape) != tuple(weights.shape) \
+            or ids.shape[0] != M:
+        return "inconsistent shapes"
+    if M < 1 or M > MAX_M:
+        return f"M={M} outside 1..{MAX_M}"
+    why = supports(E, I2 // 2, D, ids.shape[1], bucket_for(M))
+    if why:
+        return why
+    for name, t in (("w13", w13), ("w2", w2)):
+        if not t.is_contiguous() or t.data_ptr() % 16:
+            return f"{name} not contiguous / 16-byte aligned"
+    return None
+
+
+def moe_experts_cuda(z, ids, weights, w13, w2, beta, linear_beta):
+    """CUDA implementation of k3fuse::moe_experts (same signature); the reference where unsupported."""
+    from k3fuse import ops
+    from . import registry
+    op = OP
+    reason = _unsupported(z, ids, weights, w13, w2)
+    if reason is not None:
+        registry.log_fallback(op, reason)
+        return ops.moe_experts._init_fn(z, ids, weights, w13, w2, beta, linear_beta)
+    if not registry._env_ok(op, z.device):    # logs its own reason (device, DSL, compute capability)
+        return ops.moe_experts._init_fn(z, ids, weights, w13, w2, beta, linear_beta)
+    from .prefetch import join_pending
+    join_pending()
+    # small inputs: a fresh contiguous copy is 16-byte aligned (no-ops when already so)
+    z, ids, weights = (t if t.is_contiguous() and t.data_ptr() % 16 == 0 else t.contiguous().clone()
+                       for t in (z, ids, weights))
+    return moe_experts(z, ids, weights, w13, w2, beta, linear_beta)
+
+
+EXPERIMENTAL_IMPLS = {OP: moe_experts_cuda}

@@ -1,0 +1,105 @@
+"""k3fuse::moe_experts kernels (codegen/moe_experts.py, EXPERIMENTAL) render for every batch bucket and compile
+for sm_90a and sm_100a without a GPU; their PTX has 128-bit weight loads, two kernels and no local memory; the
+CUDA implementation falls back to the reference (one log line) where it has no kernel."""
+import logging
+import re
+
+import pytest
+import torch
+
+pytest.importorskip("cutlass")
+
+from k3fuse.codegen import compile as kcompile  # noqa: E402
+from k3fuse.codegen import moe_experts as me  # noqa: E402
+from k3fuse.codegen.buckets import BUCKETS  # noqa: E402
+from k3fuse.codegen.cache import cache_key  # noqa: E402
+
+E, D, KT = 896, 3584, 16
+I_TP = {8: 384, 16: 192}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _cache(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("K3FUSE_CACHE_DIR", str(tmp_path_factory.mktemp("kcache")))
+    kcompile.clear_memo()
+    me._built.clear()
+    yield
+    mp.undo()
+
+
+@pytest.mark.parametrize("tp", [8, 16])
+def test_renders_every_bucket_and_key_covers_shape_bucket_arch(tp):
+    I = I_TP[tp]
+    keys = set()
+    for b in BUCKETS:
+        assert me.supports(E, I, D, KT, b) is None
+        src, cfg = me.render_source(E, I, D, KT, b)
+        assert cfg["GROUP"] == int(b > 1)
+        compile(src, "<moe>", "exec")                       # valid Python
+        for arch in ("sm_90a", "sm_100a"):
+            keys.add(cache_key(src, arch))
+    assert len(keys) == 2 * len(BUCKETS)
+    # every compile-time value reaches the source, hence the key
+    base = me.render_source(E, I, D, KT, 8)[0]
+    for other in (me.render_source(E // 2, I, D, KT, 8), me.render_source(E, I * 2, D, KT, 8),
+                  me.render_source(E, I, D // 2, KT, 8), me.render_source(E, I, D, KT // 2, 8),
+                  me.render_source(E, I, D, KT, 8, beta=2.0), me.render_source(E, I, D, KT, 8, lbeta=20.0)):
+        assert other[0] != base
+
+
+def test_supports_reasons():
+    assert me.supports(E, 192, D, KT, None)
+    assert me.supports(E, 196, D, KT, 1)           # I % 8
+    assert me.supports(E, 192, D, 40, 1)           # k too large for the slot bitmask
+
+
+def _ptx_checks(k, arch, I, b):
+    ptx = open(k.files["kernel.ptx"]).read()
+    assert f".target {arch}" in ptx
+    assert len(re.findall(r"\.entry\s", ptx)) == 2           # up + down
+    loads = re.findall(r"ld\.global(?:\.[a-z0-9:_]+)*", ptx)
+    vec = [l for l in loads if ".v" in l]
+    assert vec and all(l.endswith(".v4.b32") or l.endswith(".v4.u32") or l.endswith(".v4.f32") for l in vec), \
+        set(vec)
+    # scalars only for ids (64-bit) and routing weights (32-bit): no 16-bit (per-element bf16) loads
+    assert not [l for l in loads if re.search(r"\.(b|u|s)16$|\.bf16$", l)], set(loads)
+    cfg = me.default_config(E, I, D, KT, b)
+    p = me.template_params(E, I, D, KT, b, cfg, 4.0, 25.0)
+    n_up = (2 * p["R"] + 1) * p["ITERS"]                         # weight rows + z, per unrolled step
+    n_down = KT * p["VPL"] * (1 + p["RT"])                       # a + W2 per slot
+    assert len(vec) >= n_up + n_down
+    assert "ld.local" not in ptx and "st.local" not in ptx       # no spills to local memory
+    if b > 1:
+        assert "bar.sync" in ptx
+
+
+# four compiles (~2 s each): both archs, both TP shapes, ungrouped (bucket 1) and grouped (8, 64)
+@pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 1), ("sm_90a", 8, 64), ("sm_100a", 8, 1), ("sm_100a", 16, 8)])
+def test_compiles(arch, tp, b):
+    I = I_TP[tp]
+    k = me.build(E, I, D, KT, b, arch=arch, load=False)
+    assert {"kernel.py", "kernel.ptx", "kernel.cubin"} <= set(k.files)
+    _ptx_checks(k, arch, I, b)
+    assert me.build(E, I, D, KT, b, arch=arch, load=False) is k  # memoised
+
+
+def test_fallback_on_cpu_logs_once(caplog):
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    torch.manual_seed(0)
+    M, E_, D_, I_, K_ = 3, 6, 64, 16, 2
+    z = torch.randn(M, D_).bfloat16()
+    ids = torch.stack([torch.randperm(E_)[:K_] for _ in range(M)])
+    w = torch.rand(M, K_)
+    w13 = (torch.randn(E_, 2 * I_, D_) * D_ ** -0.5).bfloat16()
+    w2 = (torch.randn(E_, D_, I_) * I_ ** -0.5).bfloat16()
+    registry._seen.discard(("k3fuse::moe_experts", "tensor on cpu, not CUDA"))
+    with caplog.at_level(logging.INFO, logger="k3fuse.codegen"):
+        out = me.moe_experts_cuda(z, ids, w, w13, w2, 4.0, 25.0)
+        out2 = me.moe_experts_cuda(z, ids, w, w13, w2, 4.0, 25.0)
+    ref = ops.moe_experts._init_fn(z, ids, w, w13, w2, 4.0, 25.0)
+    assert torch.equal(out, ref) and torch.equal(out2, ref)
+    lines = [r for r in caplog.records if "k3fuse::moe_experts" in r.getMessage()]
+    assert len(lines) == 1
+    assert me.EXPERIMENTAL_IMPLS == {"k3fuse::moe_experts": me.moe_experts_cuda}
