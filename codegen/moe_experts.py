@@ -42,10 +42,13 @@ def default_config(E: int, I: int, D: int, KT: int, bucket: int) -> dict:
     G = min(bucket, 4)    # members per pass: RR * G fp32 accumulators (G = 8 took 174 registers on sm_100a)
     nvi = I // 8
     LPR = next((l for l in (8, 16, 4, 2, 1) if nvi % l == 0))
-    WD = 4
+    # 8 warps x 4 rows, one pass: 112 CTAs of 256 threads per token at D = 3584 (M = 1 has only M * D / DR CTAs,
+    # so they are made wide rather than many); RT = 2 at I = 384 used stack on sm_90a
+    WD = 8
     rpw = 32 // LPR
-    vpl = nvi // LPR
-    RT = next((rt for rt in (2, 1) if D % (WD * rpw * rt) == 0 and rt * vpl <= 6), 1)  # I=384: RT=2 used stack
+    RT = 1
+    while D % (WD * rpw) and WD > 1:
+        WD //= 2
     return {"R": R, "W": W, "G": G, "GROUP": int(bucket > 1), "WD": WD, "LPR": LPR, "RT": RT,
             "CPC": cpc_for(I, R, KT, bucket)}
 
