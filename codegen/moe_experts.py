@@ -8,7 +8,8 @@ current stream (scratch a [M, k, I] bf16 between them):
         an expert chosen by several tokens is read once (its first pair computes every member token); bucket 1
         is the plain per-(token, slot) kernel.
   down  W2 GEMV per (token, D-chunk) over the k slots, y rounded to bf16 per slot, fp32 combine, bf16 out.
-        Not grouped: W2 is read once per (token, slot) (from L2 when tokens share an expert, if it is still there).
+        Not grouped: W2 is read once per (token, slot), but the grid runs the M tokens of one D-chunk side by
+        side, so a W2 slice shared by several tokens should come from L2 after the first (unmeasured).
 Both are CUDA-core kernels with 16-byte weight loads and compile-time register indices.
 
 Status (2026-11-29): renders and compiles for sm_90a and sm_100a (tests/test_moe_kernel_compile.py); NOT run
