@@ -152,3 +152,9 @@ PRESETS: dict[str, dict] = {
         "routed_expert_hidden_size": 48, "intermediate_size": 128, "attn_res_block_size": 4,
     },
 }
+# K3's layer structure (93 layers, its KDA / MLA pattern, AttnRes blocks of 12, dense layer 0) at tiny's widths:
+# the whole K3 graph, small enough to compile and run on a CPU.
+PRESETS["k3-layout"] = {**{k: v for k, v in PRESETS["tiny"].items() if k not in ("num_hidden_layers",
+                                                                                  "attn_res_block_size")},
+                        "linear_attn_config": {k: v for k, v in PRESETS["tiny"]["linear_attn_config"].items()
+                                               if k not in ("kda_layers", "full_attn_layers")}}

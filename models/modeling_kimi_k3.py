@@ -410,7 +410,7 @@ class KimiK3ForCausalLM(nn.Module):
         self._check_tp(config)
         # Draw the init seed BEFORE building the modules: nn.Linear's own init consumes the global RNG in
         # proportion to the (per-rank, TP-dependent) parameter sizes.
-        seed = int(torch.randint(0, 2**31 - 1, (1,)).item())
+        seed = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item())
         self.model = KimiK3Model(config, self.tp, dtype)
         self.lm_head = _linear(config.hidden_size, self.tp.split(config.vocab_size, "vocab_size"), dtype, 0)
         self.reset_parameters(seed)
@@ -446,9 +446,11 @@ class KimiK3ForCausalLM(nn.Module):
     def reset_parameters(self, seed: int | None = None):
         """Deterministic under torch.manual_seed (or `seed`), identical for every TP size (each rank draws the full
         tensor and keeps its slice). Scales keep activations O(1) through the layers."""
-        base = int(torch.randint(0, 2**31 - 1, (1,)).item()) if seed is None else int(seed)
+        base = int(torch.randint(0, 2**31 - 1, (1,), device="cpu").item()) if seed is None else int(seed)
         L = self.config.num_hidden_layers
         for name, p in self.named_parameters():
+            if p.is_meta:        # a model built on the meta device (shapes only, e.g. to inspect the K3 graph)
+                continue
             g = torch.Generator().manual_seed(base + zlib.crc32(name.encode()))
             full = init_tensor(name, self._full_shape(p), g, L)
             p.copy_(self._local(name, p, full.to(p.dtype)))
