@@ -91,6 +91,26 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                                  name=f"mixnorm_h{H}_nb{nb}{'_add' if addend else ''}{'' if prefix else '_restart'}"))
     jobs.append(dict(family="prefetch_l2", op="k3fuse::prefetch_l2", shape={}, bucket=None, config={},
                      name="prefetch_l2"))
+    # experimental families (registered on a GPU only with K3FUSE_EXPERIMENTAL_KERNELS=1)
+    from . import kda_recurrent, moe_experts
+    d, adt = cfg.kda_head_dim, "bfloat16"
+    why = kda_recurrent.supports(d)
+    if why:
+        skipped.append(dict(op="k3fuse::kda_recurrent", shape=dict(d=d), reason=why))
+    else:
+        jobs.append(dict(family="kda_recurrent", op="k3fuse::kda_recurrent", shape=dict(d=d), bucket=None,
+                         config=dict(a_dtype=adt, b_dtype=adt, lower_bound=cfg.kda_gate_lower_bound),
+                         name=f"kda_recurrent_d{d}", experimental=True))
+    E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
+    I = cfg.moe_intermediate_size // tp
+    for b in buckets:
+        why = moe_experts.supports(E, I, D, KT, b)
+        if why:
+            skipped.append(dict(op="k3fuse::moe_experts", shape=dict(E=E, I=I, D=D, k=KT), bucket=b, reason=why))
+            continue
+        jobs.append(dict(family="moe_experts", op="k3fuse::moe_experts", shape=dict(E=E, I=I, D=D, k=KT), bucket=b,
+                         config=dict(beta=cfg.activation_situ_beta, lbeta=cfg.activation_situ_linear_beta),
+                         name=f"moe_experts_e{E}_i{I}_d{D}_k{KT}_b{b}", experimental=True))
     return jobs, skipped
 
 
@@ -110,6 +130,16 @@ def build_job(job: dict, arch: str):
                                   c["fp32_norm"], c["mix_eps"], c["norm_eps"], arch=arch, load=False)
     if job["family"] == "prefetch_l2":
         return prefetch.build(arch=arch, load=False)
+    if job["family"] == "kda_recurrent":
+        from . import kda_recurrent
+        c = job["config"]
+        return kda_recurrent.build(job["shape"]["d"], c["a_dtype"], c["b_dtype"], c["lower_bound"], arch=arch,
+                                   load=False)
+    if job["family"] == "moe_experts":
+        from . import moe_experts
+        s, c = job["shape"], job["config"]
+        return moe_experts.build(s["E"], s["I"], s["D"], s["k"], job["bucket"], c["beta"], c["lbeta"], arch=arch,
+                                 load=False)
     raise ValueError(job["family"])
 
 
@@ -132,7 +162,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--jobs", "-j", type=int, default=1, help="parallel compile processes")
     ap.add_argument("--only", default="", help="comma-separated families to build (gemv, fused_residual_norm, "
-                                               "prefetch_l2)")
+                                               "prefetch_l2, kda_recurrent, moe_experts)")
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batch.split(",") if b]
     out = Path(a.out)

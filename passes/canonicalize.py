@@ -199,7 +199,9 @@ def _patterns(dt: torch.dtype, topks: tuple[int, ...]) -> tuple[PatternMatcherPa
             reg(s, r, ex, pass_dicts=first, scalar_workaround={"scale": _SCALE}, extra_check=_topk_is(k))
     s, r = _linear_pattern()
     reg(s, r, [_t(3, 16, dtype=dt), _t(8, 16, dtype=dt)], pass_dicts=second)
-    for i, o in {(dt, dt), (torch.float32, dt), (torch.float32, torch.float32)}:
+    # ordered (a set's order changes between processes): bf16 -> bf16 first, so a norm over a mix rounded to bf16
+    # (HF's variant) takes the rounding as part of its input rather than leaving it outside
+    for i, o in dict.fromkeys([(dt, dt), (torch.float32, dt), (torch.float32, torch.float32)]):
         s, r = _rms_pattern(o)
         reg(s, r, [_t(3, 16, dtype=i), _t(16, dtype=o), _EPS], pass_dicts=second, scalar_workaround={"eps": _EPS})
     return _block_patterns(dt), first, second

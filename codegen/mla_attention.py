@@ -1,0 +1,210 @@
+"""Kernel family: k3fuse::mla_attention (absorbed MLA decode attention over the latent cache, K3_MODEL.md section 5).
+
+One ENTRY, three launches on the current stream (templates/mla_attention.py.jinja):
+  1. qabsorb  q_lat = scale * W_UK[h]^T q_nope[h] (+ scale * q_pe) per (token, head)       -> scratch [M, HP, C + r]
+  2. split    one CTA per (token, split of T): each cache row [C + r] is read ONCE for ALL heads (the latent cache is
+              shared by the heads, MQA-like), scores, fp32 online softmax, partial o_lat     -> scratch [M, NS, HP, C]
+  3. combine  one CTA per (token, head): log-sum-exp merge of the NS partials, then o = W_UV[h] o_lat -> o [M, h, v]
+So the cache is read once per decode step (M * min(seq_len+1, T) * (C + r) * 2 bytes); kv_b is read twice (W_UK half
+by kernel 1, W_UV half by kernel 3, once per token row, L2-resident at 1.5 MB per rank at TP16).
+All dot products run on CUDA cores in fp32 (no tensor cores): per cache row (1152 bytes at C + r = 576) the split
+kernel does h * (C + r + C) FMAs (13 K at h = 12), so on H200 it is bound by the fp32 FMA rate (~2.6 G rows/s at
+h = 12, estimated) rather than by HBM (~4.2 G rows/s); an MMA (wgmma / tcgen05) version is future work.
+
+Compile-time: h (and its padding HP), n, v, r, C, the q dtype, the scale, the tile TT (tokens per shared-memory tile),
+threads, and the arch. Runtime: M, T and NS (splits per row, chosen by n_splits() from M, T and the SM count; the
+scratch tensors carry it), so the kernel does not recompile per batch, cache length or split count.
+
+EXPERIMENTAL: compiled for sm_90a / sm_100a on a CPU machine only; not run on a GPU yet. Not registered by
+registry.register(); EXPERIMENTAL_IMPLS is meant to be registered behind K3FUSE_EXPERIMENTAL_KERNELS=1.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+from .render import render
+
+FAMILY = "mla_attention"
+TEMPLATE = "mla_attention.py.jinja"
+OP = "k3fuse::mla_attention"
+THREADS = 256
+HG = 2                  # head groups of the PV step (THREADS / HG column groups)
+DEFAULT_TT = 32         # tokens per shared-memory tile
+TILE_SIZES = (32, 64)
+MAX_HEADS = 16          # HP / HG * C / (THREADS / HG) fp32 accumulators per thread: 32 at h = 16, C = 512
+MIN_TILES_PER_SPLIT = 2
+
+
+def _dtname(dtype) -> str:
+    s = str(dtype).replace("torch.", "")
+    return {"bfloat16": "BFloat16", "float32": "Float32", "BFloat16": "BFloat16", "Float32": "Float32"}[s]
+
+
+def padded_heads(h: int) -> int:
+    return -(-h // HG) * HG
+
+
+def smem_bytes(h: int, r: int, C: int, tt: int = DEFAULT_TT) -> int:
+    """Shared memory of the split kernel: scaled queries, the padded cache tile, probabilities, max / sum / alpha."""
+    hp = padded_heads(h)
+    return hp * (C + r) * 4 + tt * (C + r + 8) * 2 + tt * hp * 4 + 3 * hp * 4
+
+
+def supports(h: int, n: int, v: int, r: int, C: int, tt: int = DEFAULT_TT) -> Optional[str]:
+    if not 1 <= h <= MAX_HEADS:
+        return f"h={h} heads per rank (kernels for 1..{MAX_HEADS})"
+    if C % 256 or not 256 <= C <= 1024:
+        return f"kv_lora C={C} (kernels for multiples of 256 up to 1024)"
+    if r % 8 or r <= 0:
+        return f"rope width r={r} (a positive multiple of 8)"
+    if n <= 0 or n > 512:
+        return f"q_nope width n={n} (1..512)"
+    if v % 4 or v <= 0:
+        return f"v_head_dim v={v} (a positive multiple of 4)"
+    if tt not in TILE_SIZES:
+        return f"tile {tt} not in {TILE_SIZES}"
+    if smem_bytes(h, r, C, tt) > 200 * 1024:
+        return f"{smem_bytes(h, r, C, tt)} bytes of shared memory"
+    return None
+
+
+def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
+                    tt: int = DEFAULT_TT) -> dict:
+    hp = padded_heads(h)
+    nch = (C + r) // 8
+    unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
+    return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HG=HG, HH=hp // HG,
+                CPT=C // (THREADS // HG), UNROLL_S=unroll, SCALE=repr(float(scale)), QDT=_dtname(q_dtype))
+
+
+def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
+                  tt: int = DEFAULT_TT) -> str:
+    why = supports(h, n, v, r, C, tt)
+    if why:
+        raise ValueError(why)
+    return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt))
+
+
+_built: dict = {}
+
+
+def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
+          q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True):
+    """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile) and arch. The rendered
+    source bakes every one of these, so the cache key (sha256 of source + arch) covers them."""
+    from .compile import compile_source, current_arch
+    arch = arch or current_arch()
+    memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load)
+    if memo in _built:
+        return _built[memo]
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt)
+    meta = dict(family=FAMILY, op=OP, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
+                config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale)))
+    _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
+    return k
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    import torch
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
+    """Splits of T per token row: about two CTAs per SM in all, at least MIN_TILES_PER_SPLIT tiles per split."""
+    ntiles = -(-T // tt)
+    want = -(-2 * sms // max(M, 1))
+    return max(1, min(want, -(-ntiles // MIN_TILES_PER_SPLIT)))
+
+
+def launch_ok(q_nope, q_pe, cache, kv_b, seq_lens) -> Optional[str]:
+    """None if the kernel takes these inputs (after the cheap fixes mla_attention() makes), else the reason."""
+    import torch
+    if q_nope.dim() != 3 or q_pe.dim() != 3 or cache.dim() != 3 or kv_b.dim() != 2:
+        return "q_nope / q_pe / cache must be 3-D, kv_b 2-D"
+    M, h, n = q_nope.shape
+    r = q_pe.shape[2]
+    C = kv_b.shape[1]
+    if M == 0 or h == 0 or cache.shape[1] == 0:
+        return "empty input"
+    if tuple(q_pe.shape[:2]) != (M, h) or cache.shape[0] != M or cache.shape[2] != C + r:
+        return f"shapes q_pe {tuple(q_pe.shape)} / cache {tuple(cache.shape)} do not match q_nope / kv_b"
+    if kv_b.shape[0] % h or kv_b.shape[0] // h <= n:
+        return f"kv_b rows {kv_b.shape[0]} are not h * (n + v)"
+    v = kv_b.shape[0] // h - n
+    why = supports(h, n, v, r, C)
+    if why:
+        return why
+    if seq_lens.dim() != 1 or seq_lens.numel() != M:
+        return "seq_lens must be [M]"
+    if cache.dtype != torch.bfloat16 or kv_b.dtype != torch.bfloat16:
+        return f"cache / kv_b dtypes {cache.dtype} / {kv_b.dtype} (kernels take bf16)"
+    if q_nope.dtype not in (torch.bfloat16, torch.float32) or q_pe.dtype != q_nope.dtype:
+        return f"q dtypes {q_nope.dtype} / {q_pe.dtype} (kernels take bf16 or fp32, the same for both)"
+    if seq_lens.dtype not in (torch.int64, torch.int32):
+        return f"seq_lens dtype {seq_lens.dtype}"
+    if not (cache.is_contiguous() and cache.data_ptr() % 16 == 0):
+        return "cache must be contiguous and 16-byte aligned"
+    if any(t.device != cache.device for t in (q_nope, q_pe, kv_b, seq_lens)):
+        return "inputs on different devices"
+    if cache.numel() >= 2 ** 31:
+        return "cache too large for 32-bit indexing"
+    return None
+
+
+def _prep(t, dtype=None):
+    """t as a contiguous, 16-byte aligned tensor (a copy only when it is not already one)."""
+    import torch
+    if dtype is not None and t.dtype != dtype:
+        t = t.to(dtype)
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None):
+    """Launch the kernels (caller checked launch_ok()). Returns o [M, h, v] fp32."""
+    import torch
+    M, h, n = q_nope.shape
+    r = q_pe.shape[2]
+    C = kv_b.shape[1]
+    v = kv_b.shape[0] // h - n
+    T = cache.shape[1]
+    hp = padded_heads(h)
+    dev = cache.device
+    kern = build(h, n, v, r, C, float(scale), q_nope.dtype)
+    ns = n_split or n_splits(M, T, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()))
+    f32 = torch.float32
+    qn, qp = _prep(q_nope), _prep(q_pe)
+    w = _prep(kv_b).view(h, n + v, C)
+    sl = _prep(seq_lens, torch.int64)
+    qs = torch.empty(M, hp, C + r, dtype=f32, device=dev)
+    opart = torch.empty(M, ns, hp, C, dtype=f32, device=dev)
+    ml = torch.empty(M, ns, hp, 2, dtype=f32, device=dev)
+    if out is None:
+        out = torch.empty(M, h, v, dtype=f32, device=dev)
+    kern(qn, qp, cache, w, sl, qs, opart, ml, out)
+    return out
+
+
+def _reference(q_nope, q_pe, cache, kv_b, seq_lens, scale):
+    from k3fuse import ops
+    return ops.mla_attention._init_fn(q_nope, q_pe, cache, kv_b, seq_lens, scale)
+
+
+def mla_attention_cuda(q_nope, q_pe, cache, kv_b, seq_lens, scale):
+    """CUDA implementation of k3fuse::mla_attention (same signature); the reference where the kernel does not apply."""
+    from .prefetch import join_pending
+    from .registry import _env_ok, log_fallback
+    reason = launch_ok(q_nope, q_pe, cache, kv_b, seq_lens)
+    if reason is not None:
+        log_fallback(OP, reason)
+        return _reference(q_nope, q_pe, cache, kv_b, seq_lens, scale)
+    if not _env_ok(OP, cache.device):          # logs its own reason once
+        return _reference(q_nope, q_pe, cache, kv_b, seq_lens, scale)
+    join_pending()
+    return mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale)
+
+
+EXPERIMENTAL_IMPLS = {OP: mla_attention_cuda}
