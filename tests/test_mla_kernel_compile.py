@@ -1,0 +1,206 @@
+"""k3fuse::mla_attention kernels (codegen/mla_attention.py): render and compile for sm_90a and sm_100a without a GPU
+(three kernels, 128-bit cache / weight loads, no local memory, no ptxas spills), the compile key, the fallback, and a
+torch model of the kernels' tiling / split / online-softmax / combine arithmetic against the ops.py reference."""
+import importlib.util
+import math
+import re
+import sys
+
+import pytest
+import torch
+
+from k3fuse.codegen import mla_attention as ma
+
+ARCHES = ["sm_90a", "sm_100a"]
+K3 = dict(n=128, v=128, r=64, C=512)
+SCALE = 192 ** -0.5
+
+
+@pytest.fixture(scope="module")
+def _cache(tmp_path_factory):
+    mp = pytest.MonkeyPatch()
+    mp.setenv("K3FUSE_CACHE_DIR", str(tmp_path_factory.mktemp("kcache")))
+    ma._built.clear()
+    yield
+    ma._built.clear()
+    mp.undo()
+
+
+def entries(ptx):
+    """{kernel name: body} of the PTX's entry functions."""
+    parts = re.split(r"\.visible \.entry ", ptx)[1:]
+    out = {}
+    for p in parts:
+        name = re.match(r"kernel_cutlass_([a-z0-9]+_kernel)", p)
+        out[name.group(1) if name else p[:40]] = p
+    return out
+
+
+def count(body, pat):
+    return len(re.findall(pat, body))
+
+
+@pytest.mark.parametrize("arch,h", [("sm_90a", 12), ("sm_100a", 12), ("sm_90a", 6)])
+def test_mla_kernel_compiles(arch, h, _cache):
+    pytest.importorskip("cutlass")
+    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False)
+    assert {"kernel.py", "kernel.ptx", "kernel.cubin"} <= set(k.files)
+    ptx = open(k.files["kernel.ptx"]).read()
+    assert f".target {arch}" in ptx
+    ks = entries(ptx)
+    assert set(ks) == {"qabsorb_kernel", "split_kernel", "combine_kernel"}, list(ks)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"       # sm_100a prints v2.b64
+    # qabsorb: the n = 128 rows of W_UK[h], one 16-byte load each per thread
+    assert count(ks["qabsorb_kernel"], v4) == K3["n"]
+    # split: per tile TT * (C + r) / 8 / THREADS 16-byte cache loads per thread, + the scaled queries
+    hp = ma.padded_heads(h)
+    cr = K3["C"] + K3["r"]
+    nld = -(-ma.DEFAULT_TT * cr // 8 // ma.THREADS)
+    nq = -(-hp * cr // 4 // ma.THREADS)
+    assert count(ks["split_kernel"], v4) == nld + nq
+    assert count(ks["split_kernel"], r"st\.shared(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b") >= nld + nq
+    assert "bar.sync" in ks["split_kernel"] or "barrier.sync" in ks["split_kernel"]
+    # combine: W_UV rows, C / 256 16-byte loads per lane per row, V / 4 rows per warp
+    assert count(ks["combine_kernel"], v4) >= K3["v"] // 4 * (K3["C"] // 256)
+
+
+def _import(src, name, tmp_path):
+    p = tmp_path / f"{name}.py"
+    p.write_text(src)
+    spec = importlib.util.spec_from_file_location(name, p)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_mla_kernel_no_spills(arch, tmp_path, capfd):
+    """ptxas remarks for the K3 TP8 configuration (h = 12): no spills in any of the three kernels; the split kernel
+    stays <= 128 registers (two 256-thread CTAs per SM)."""
+    pytest.importorskip("cutlass")
+    import cutlass.cute as cute
+    mod = _import(ma.render_source(12, **K3, scale=SCALE), f"mla_spills_{arch}", tmp_path)
+    capfd.readouterr()
+    cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
+    out = "".join(capfd.readouterr())
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", out)]
+    assert len(regs) == 3, out[-2000:]
+    assert out.count("0 bytes spill stores, 0 bytes spill loads") == 3 and "detected register spills" not in out, \
+        out[-3000:]
+    assert max(regs) <= 128, regs
+
+
+def test_mla_compile_key_and_supports():
+    base = ma.render_source(12, **K3, scale=SCALE)
+    variants = [ma.render_source(6, **K3, scale=SCALE), ma.render_source(12, 64, 128, 64, 512, SCALE),
+                ma.render_source(12, 128, 64, 64, 512, SCALE), ma.render_source(12, 128, 128, 32, 512, SCALE),
+                ma.render_source(12, 128, 128, 64, 256, SCALE), ma.render_source(12, **K3, scale=0.1),
+                ma.render_source(12, **K3, scale=SCALE, q_dtype="float32"),
+                ma.render_source(12, **K3, scale=SCALE, tt=64)]
+    assert len({base, *variants}) == 1 + len(variants)         # every compile-time value changes the source
+    pytest.importorskip("cutlass")
+    from k3fuse.codegen import compile as kcompile
+    assert kcompile.cache_key(base, "sm_90a") != kcompile.cache_key(base, "sm_100a")
+    assert ma.supports(12, **K3) is None and ma.supports(6, **K3) is None and ma.supports(3, **K3) is None
+    assert ma.supports(96, **K3) and ma.supports(12, 128, 128, 60, 512) and ma.supports(12, 128, 128, 64, 500)
+    assert ma.supports(12, **K3, tt=48)
+    with pytest.raises(ValueError):
+        ma.render_source(32, **K3, scale=SCALE)
+
+
+def _inputs(M, h, T, n=16, v=16, r=8, C=32, seq_lens=None, gen=None, dtype=torch.bfloat16):
+    q = torch.randn(M, h, n + r, generator=gen).to(dtype)
+    cache = torch.randn(M, T, C + r, generator=gen).to(torch.bfloat16)
+    kv_b = (torch.randn(h * (n + v), C, generator=gen) * C ** -0.5).to(torch.bfloat16)
+    sl = torch.tensor(seq_lens if seq_lens is not None else [T - 1] * M, dtype=torch.int64)
+    for m in range(M):                                          # garbage past seq_lens: nan, inf, huge values
+        tail = cache[m, int(sl[m]) + 1:]
+        if tail.numel():
+            tail.copy_(torch.randn(tail.shape, generator=gen) * 1e4)
+            tail.view(-1)[0] = float("nan")
+            tail.view(-1)[-1] = float("inf")
+    return q[..., :n], q[..., n:], cache, kv_b, sl
+
+
+def reference(q_nope, q_pe, cache, kv_b, seq_lens, scale):
+    """ops.py's reference on a copy of the cache with the rows past seq_lens zeroed (the reference multiplies the
+    masked rows by p = 0, which turns nan / inf garbage into nan; the kernels never read those rows)."""
+    from k3fuse import ops
+    clean = cache.clone()
+    for m in range(cache.shape[0]):
+        clean[m, int(seq_lens[m]) + 1:] = 0
+    return ops.mla_attention._init_fn(q_nope, q_pe, clean, kv_b, seq_lens, scale)
+
+
+def _emulate(q_nope, q_pe, cache, kv_b, seq_lens, scale, ns, tt):
+    """The kernels' arithmetic in torch (fp32), step by step: qabsorb, split tiles with zero-filled rows past
+    seq_lens, per-tile online softmax (running max / sum / alpha), combine with log-sum-exp weights, W_UV."""
+    M, h, n = q_nope.shape
+    C = kv_b.shape[1]
+    T = cache.shape[1]
+    w = kv_b.float().view(h, -1, C)
+    qs = torch.cat([torch.einsum("mhn,hnc->mhc", q_nope.float(), w[:, :n]), q_pe.float()], -1) * scale
+    ntiles = -(-T // tt)
+    tps = -(-ntiles // ns)
+    o = torch.empty(M, h, w.shape[1] - n)
+    for m in range(M):
+        nvalid = min(int(seq_lens[m]) + 1, T)
+        parts = []
+        for s in range(ns):
+            mx = torch.full((h,), float("-inf"))
+            l = torch.zeros(h)
+            acc = torch.zeros(h, C)
+            t_begin = s * tps * tt
+            for t0 in range(t_begin, min(t_begin + tps * tt, nvalid), tt):
+                rows = torch.zeros(tt, cache.shape[2])
+                k = min(tt, nvalid - t0)
+                rows[:k] = cache[m, t0:t0 + k].float()
+                sc = qs[m] @ rows.t()                                            # [h, tt]
+                sc[:, k:] = float("-inf")
+                m_new = torch.maximum(mx, sc.max(1).values)
+                alpha = torch.exp(mx - m_new)
+                p = torch.exp(sc - m_new[:, None])
+                l = l * alpha + p.sum(1)
+                acc = acc * alpha[:, None] + p @ rows[:, :C]
+                mx = m_new
+            parts.append((mx, l, acc))
+        g = torch.stack([p[0] for p in parts]).max(0).values
+        wts = [torch.exp(p[0] - g) for p in parts]
+        L = sum(wt * p[1] for wt, p in zip(wts, parts))
+        olat = sum(wt[:, None] * p[2] for wt, p in zip(wts, parts)) / L[:, None]
+        o[m] = torch.einsum("hc,hvc->hv", olat, w[:, n:])
+    return o
+
+
+@pytest.mark.parametrize("M,T,seq_lens,ns,tt", [(1, 7, [6], 1, 32), (3, 100, [0, 57, 99], 2, 32),
+                                                 (3, 100, [31, 32, 33], 4, 32), (2, 300, [299, 150], 3, 64),
+                                                 (2, 65, [64, 200], 5, 32)])
+def test_mla_split_arithmetic_model(M, T, seq_lens, ns, tt):
+    """The split / tile bookkeeping of the kernels (empty splits, tiles cut by seq_lens, garbage rows) reproduces
+    the reference; n_splits() keeps every split count valid."""
+    g = torch.Generator().manual_seed(M * 1000 + T)
+    args = _inputs(M, 4, T, seq_lens=seq_lens, gen=g)
+    ref = reference(*args, SCALE)
+    out = _emulate(*args, SCALE, ns, tt)
+    assert torch.isfinite(out).all()
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+    for MM in (1, 3, 8, 64):
+        for TT in (1, 31, 32, 4096, 8192):
+            k = ma.n_splits(MM, TT)
+            assert 1 <= k <= max(1, -(-TT // ma.DEFAULT_TT))
+
+
+def test_mla_fallback_on_cpu():
+    """On CPU tensors (or unsupported shapes) mla_attention_cuda returns the reference."""
+    from k3fuse import ops
+    g = torch.Generator().manual_seed(0)
+    args = _inputs(2, 4, 9, gen=g)                                  # C = 32: no kernel
+    assert ma.launch_ok(*args) is not None
+    assert torch.equal(ma.mla_attention_cuda(*args, SCALE), ops.mla_attention._init_fn(*args, SCALE))
+    args = _inputs(2, 6, 9, n=128, v=128, r=64, C=512, gen=g)
+    assert ma.launch_ok(*args) is None                              # the kernel's shape, on CPU: still the reference
+    assert torch.equal(ma.mla_attention_cuda(*args, SCALE), ops.mla_attention._init_fn(*args, SCALE))
+    assert set(ma.EXPERIMENTAL_IMPLS) == {"k3fuse::mla_attention"}
+    assert math.isclose(float(SCALE), 192 ** -0.5)
