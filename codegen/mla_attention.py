@@ -163,6 +163,15 @@ def _prep(t, dtype=None):
     return t
 
 
+def _prep_q(t):
+    """q_nope / q_pe as they come (strided slices of q are fine: the kernel reads them by element) unless the inner
+    stride is not 1."""
+    import torch
+    if t.stride(-1) != 1:
+        t = t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
 def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None):
     """Launch the kernels (caller checked launch_ok()). Returns o [M, h, v] fp32."""
     import torch
@@ -176,7 +185,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype)
     ns = n_split or n_splits(M, T, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()))
     f32 = torch.float32
-    qn, qp = _prep(q_nope), _prep(q_pe)
+    qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)
     sl = _prep(seq_lens, torch.int64)
     qs = torch.empty(M, hp, C + r, dtype=f32, device=dev)
