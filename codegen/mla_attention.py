@@ -34,6 +34,7 @@ DEFAULT_TT = 32         # tokens per shared-memory tile
 TILE_SIZES = (32, 64)
 MAX_HEADS = 16          # HP / HG * C / (THREADS / HG) fp32 accumulators per thread: 32 at h = 16, C = 512
 MIN_TILES_PER_SPLIT = 2
+LOADS_IN_FLIGHT = 9     # 16-byte cache loads per thread per round (9 = a 32-token tile of 576-wide rows in one)
 
 
 def _dtname(dtype) -> str:
@@ -75,7 +76,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
     nch = (C + r) // 8
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
     return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HG=HG, HH=hp // HG,
-                CPT=C // (THREADS // HG), UNROLL_S=unroll, SCALE=repr(float(scale)), QDT=_dtname(q_dtype))
+                CPT=C // (THREADS // HG), UNROLL_S=unroll, LDG=LOADS_IN_FLIGHT, SCALE=repr(float(scale)), QDT=_dtname(q_dtype))
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
