@@ -7,9 +7,13 @@ One ENTRY, three launches on the current stream (templates/mla_attention.py.jinj
   3. combine  one CTA per (token, head): log-sum-exp merge of the NS partials, then o = W_UV[h] o_lat -> o [M, h, v]
 So the cache is read once per decode step (M * min(seq_len+1, T) * (C + r) * 2 bytes); kv_b is read twice (W_UK half
 by kernel 1, W_UV half by kernel 3, once per token row, L2-resident at 1.5 MB per rank at TP16).
-All dot products run on CUDA cores in fp32 (no tensor cores): per cache row (1152 bytes at C + r = 576) the split
-kernel does h * (C + r + C) FMAs (13 K at h = 12), so on H200 it is bound by the fp32 FMA rate (~2.6 G rows/s at
-h = 12, estimated) rather than by HBM (~4.2 G rows/s); an MMA (wgmma / tcgen05) version is future work.
+All dot products run on CUDA cores in fp32 (no tensor cores). Estimated (not measured) on H200 at h = 12, TT = 32:
+per 32-token tile the score step takes ~4 K shared-memory wavefronts (each lane reads its own row; query chunks are
+broadcasts) against ~1.7 K cycles of FMAs, the PV step ~1.5 K cycles: ~3 us per tile per SM, so M = 8, T = 4096
+(1024 tiles) is ~20-25 us against an HBM floor of ~8 us (37.7 MB). The score step is the limit; an MMA version
+(mma.sync / wgmma with the heads as M and the cache tile as N) is the next step.
+Registers (ptxas, K3 h = 12): qabsorb 39 (sm_90a) / 47 (sm_100a), split 116 / 118, combine 46 / 46; no spills.
+TT = 64 compiles too but takes ~200 registers in the split kernel (one CTA per SM).
 
 Compile-time: h (and its padding HP), n, v, r, C, the q dtype, the scale, the tile TT (tokens per shared-memory tile),
 threads, and the arch. Runtime: M, T and NS (splits per row, chosen by n_splits() from M, T and the SM count; the
