@@ -162,6 +162,6 @@ def clear_memo() -> None:
     """Forget every in-process compiled kernel (this module's and the kernel families' memos)."""
     with _lock:
         _memo.clear()
-    from . import fused_residual_norm, gemv, kda_recurrent, moe_experts, prefetch
-    for mod in (gemv, fused_residual_norm, prefetch, kda_recurrent, moe_experts):
+    from . import fused_residual_norm, gemv, kda_recurrent, mla_attention, moe_experts, prefetch
+    for mod in (gemv, fused_residual_norm, prefetch, kda_recurrent, mla_attention, moe_experts):
         mod._built.clear()

@@ -101,6 +101,16 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         jobs.append(dict(family="kda_recurrent", op="k3fuse::kda_recurrent", shape=dict(d=d), bucket=None,
                          config=dict(a_dtype=adt, b_dtype=adt, lower_bound=cfg.kda_gate_lower_bound),
                          name=f"kda_recurrent_d{d}", experimental=True))
+    from . import mla_attention
+    h, n, v, r, C = (cfg.num_attention_heads // tp, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_rope_head_dim,
+                     cfg.kv_lora_rank)
+    why = mla_attention.supports(h, n, v, r, C)
+    if why:
+        skipped.append(dict(op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C), reason=why))
+    else:
+        jobs.append(dict(family="mla_attention", op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C),
+                         bucket=None, config=dict(scale=(n + r) ** -0.5), name=f"mla_attention_h{h}_c{C}",
+                         experimental=True))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp
     for b in buckets:
@@ -135,6 +145,11 @@ def build_job(job: dict, arch: str):
         c = job["config"]
         return kda_recurrent.build(job["shape"]["d"], c["a_dtype"], c["b_dtype"], c["lower_bound"], arch=arch,
                                    load=False)
+    if job["family"] == "mla_attention":
+        from . import mla_attention
+        s = job["shape"]
+        return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], job["config"]["scale"], arch=arch,
+                                   load=False)
     if job["family"] == "moe_experts":
         from . import moe_experts
         s, c = job["shape"], job["config"]
@@ -162,7 +177,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--jobs", "-j", type=int, default=1, help="parallel compile processes")
     ap.add_argument("--only", default="", help="comma-separated families to build (gemv, fused_residual_norm, "
-                                               "prefetch_l2, kda_recurrent, moe_experts)")
+                                               "prefetch_l2, kda_recurrent, mla_attention, moe_experts)")
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batch.split(",") if b]
     out = Path(a.out)

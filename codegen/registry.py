@@ -229,10 +229,11 @@ def register() -> bool:
         if hasattr(torch.ops.k3fuse, name.split("::")[1]):
             torch.library.register_kernel(name, "cuda", fn)
     if os.environ.get("K3FUSE_EXPERIMENTAL_KERNELS", "0") == "1":
-        # compiled in CI but not yet run on a GPU: opt-in until tests/test_{kda,moe}_kernel_gpu.py pass on one
+        # compiled in CI but not yet run on a GPU: opt-in until tests/test_{kda,mla,moe}_kernel_gpu.py pass on one
         from .kda_recurrent import EXPERIMENTAL_IMPLS as kda
+        from .mla_attention import EXPERIMENTAL_IMPLS as mla
         from .moe_experts import EXPERIMENTAL_IMPLS as moe
-        for name, fn in {**kda, **moe}.items():
+        for name, fn in {**kda, **mla, **moe}.items():
             torch.library.register_kernel(name, "cuda", fn)
     _registered = True
     return True
