@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import time
@@ -21,6 +20,8 @@ import zlib
 
 import torch
 from torch import nn
+
+from gpu_kernels import copy_bandwidth  # same 1 GiB device copy, bytes read + written
 
 from k3fuse.models import KimiK3Cache, KimiK3Config
 from k3fuse.models.modeling_kimi_k3 import TP, KimiK3DecoderLayer, init_tensor
@@ -102,22 +103,6 @@ def floor_bytes(cfg, m: OneLayer, inp, M) -> int:
         n += M * (CONTEXT - 23) * c.latent_cache[l].shape[-1] * 2
     n += 8 * M * cfg.hidden_size * 2           # prefix, blocks, mlp_out in; prefix, mlp_out out
     return n
-
-
-def copy_bandwidth():
-    src = torch.randn(1 << 28, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    ts = []
-    for _ in range(10):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e-3)
-    return 2 * src.numel() * 4 / statistics.median(ts)
 
 
 def time_graph(fn, copies, reps=20):

@@ -14,13 +14,7 @@ from k3fuse.codegen.cache import KernelCache  # noqa: E402
 ARCHES = ["sm_90a", "sm_100a"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("K3FUSE_CACHE_DIR", str(tmp_path_factory.mktemp("kcache")))
-    kcompile.clear_memo()
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("isolated_kernel_cache")
 
 
 def ptx_of(k):

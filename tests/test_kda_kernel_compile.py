@@ -1,8 +1,6 @@
 """k3fuse::kda_recurrent kernel (codegen/kda_recurrent.py): renders and compiles for sm_90a and sm_100a without a
 GPU; the PTX has 128-bit state loads / stores and ptxas reports no spills."""
-import importlib.util
 import re
-import sys
 
 import pytest
 
@@ -14,14 +12,7 @@ from k3fuse.codegen import kda_recurrent as kr  # noqa: E402
 ARCHES = ["sm_90a", "sm_100a"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("K3FUSE_CACHE_DIR", str(tmp_path_factory.mktemp("kcache")))
-    kr._built.clear()
-    yield
-    kr._built.clear()
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("isolated_kernel_cache")
 
 
 def is_128bit(op):
@@ -56,22 +47,12 @@ def test_kda_kernel_compiles(arch, d, adt, bdt, lpr):
     assert "bar.sync" in ptx or "barrier.sync" in ptx
 
 
-def _import(src, name, tmp_path):
-    p = tmp_path / f"{name}.py"
-    p.write_text(src)
-    spec = importlib.util.spec_from_file_location(name, p)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("arch", ARCHES)
 def test_kda_kernel_no_spills(arch, tmp_path, capfd):
     """ptxas remarks (remarks{ptx}) for the K3 configuration (d = 128, bf16 a / b): no spills, <= 128 registers
     (so two 256-thread CTAs fit per SM)."""
     import cutlass.cute as cute
-    mod = _import(kr.render_source(128, "bfloat16", "bfloat16", -5.0), f"kda_spills_{arch}", tmp_path)
+    mod = kcompile._import_source(kr.render_source(128, "bfloat16", "bfloat16", -5.0), f"kda_spills_{arch}", tmp_path)
     capfd.readouterr()
     cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
     out = "".join(capfd.readouterr())

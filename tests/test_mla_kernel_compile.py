@@ -1,29 +1,18 @@
 """k3fuse::mla_attention kernels (codegen/mla_attention.py): render and compile for sm_90a and sm_100a without a GPU
 (three kernels, 128-bit cache / weight loads, no local memory, no ptxas spills), the compile key, the fallback, and a
 torch model of the kernels' tiling / split / online-softmax / combine arithmetic against the ops.py reference."""
-import importlib.util
 import math
 import re
-import sys
 
 import pytest
 import torch
 
+from k3fuse.codegen import compile as kcompile
 from k3fuse.codegen import mla_attention as ma
 
 ARCHES = ["sm_90a", "sm_100a"]
 K3 = dict(n=128, v=128, r=64, C=512)
 SCALE = 192 ** -0.5
-
-
-@pytest.fixture(scope="module")
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("K3FUSE_CACHE_DIR", str(tmp_path_factory.mktemp("kcache")))
-    ma._built.clear()
-    yield
-    ma._built.clear()
-    mp.undo()
 
 
 def entries(ptx):
@@ -41,7 +30,7 @@ def count(body, pat):
 
 
 @pytest.mark.parametrize("arch,h", [("sm_90a", 12), ("sm_100a", 12), ("sm_90a", 6)])
-def test_mla_kernel_compiles(arch, h, _cache):
+def test_mla_kernel_compiles(arch, h, isolated_kernel_cache):
     pytest.importorskip("cutlass")
     k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False)
     assert {"kernel.py", "kernel.ptx", "kernel.cubin"} <= set(k.files)
@@ -65,23 +54,13 @@ def test_mla_kernel_compiles(arch, h, _cache):
     assert count(ks["combine_kernel"], v4) >= K3["v"] // 4 * (K3["C"] // 256)
 
 
-def _import(src, name, tmp_path):
-    p = tmp_path / f"{name}.py"
-    p.write_text(src)
-    spec = importlib.util.spec_from_file_location(name, p)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("arch", ARCHES)
 def test_mla_kernel_no_spills(arch, tmp_path, capfd):
     """ptxas remarks for the K3 TP8 configuration (h = 12): no spills in any of the three kernels; the split kernel
     stays <= 128 registers (two 256-thread CTAs per SM)."""
     pytest.importorskip("cutlass")
     import cutlass.cute as cute
-    mod = _import(ma.render_source(12, **K3, scale=SCALE), f"mla_spills_{arch}", tmp_path)
+    mod = kcompile._import_source(ma.render_source(12, **K3, scale=SCALE), f"mla_spills_{arch}", tmp_path)
     capfd.readouterr()
     cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
     out = "".join(capfd.readouterr())
@@ -101,7 +80,6 @@ def test_mla_compile_key_and_supports():
                 ma.render_source(12, **K3, scale=SCALE, tt=64)]
     assert len({base, *variants}) == 1 + len(variants)         # every compile-time value changes the source
     pytest.importorskip("cutlass")
-    from k3fuse.codegen import compile as kcompile
     assert kcompile.cache_key(base, "sm_90a") != kcompile.cache_key(base, "sm_100a")
     assert ma.supports(12, **K3) is None and ma.supports(6, **K3) is None and ma.supports(3, **K3) is None
     assert ma.supports(96, **K3) and ma.supports(12, 128, 128, 60, 512) and ma.supports(12, 128, 128, 64, 500)

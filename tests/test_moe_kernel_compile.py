@@ -9,7 +9,6 @@ import torch
 
 pytest.importorskip("cutlass")
 
-from k3fuse.codegen import compile as kcompile  # noqa: E402
 from k3fuse.codegen import moe_experts as me  # noqa: E402
 from k3fuse.codegen.buckets import BUCKETS  # noqa: E402
 from k3fuse.codegen.cache import cache_key  # noqa: E402
@@ -18,14 +17,7 @@ E, D, KT = 896, 3584, 16
 I_TP = {8: 384, 16: 192}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _cache(tmp_path_factory):
-    mp = pytest.MonkeyPatch()
-    mp.setenv("K3FUSE_CACHE_DIR", str(tmp_path_factory.mktemp("kcache")))
-    kcompile.clear_memo()
-    me._built.clear()
-    yield
-    mp.undo()
+pytestmark = pytest.mark.usefixtures("isolated_kernel_cache")
 
 
 @pytest.mark.parametrize("tp", [8, 16])
