@@ -20,7 +20,7 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def compile_and_run(cfg, M=3, steps=2, dtype=torch.float32, seed=0, **options):
+def compile_and_run(cfg, M=3, steps=2, dtype=torch.float32, seed=0, state_tol=1e-5, **options):
     torch._dynamo.reset()
     torch.manual_seed(seed)
     model = KimiK3ForCausalLM(cfg, dtype=dtype).requires_grad_(False)
@@ -36,7 +36,7 @@ def compile_and_run(cfg, M=3, steps=2, dtype=torch.float32, seed=0, **options):
             assert torch.equal(a.argmax(-1), b.argmax(-1))
     for x, y in zip(ce.recurrent_state + ce.latent_cache, cc.recurrent_state + cc.latent_cache):
         if x is not None:
-            assert rel(y, x) < 1e-4      # fp32 bound of the spec; 93 layers accumulate ~1.5e-5
+            assert rel(y, x) < state_tol
     return max(errs), LAST_PIPELINES[-1].summary
 
 
@@ -261,7 +261,7 @@ def test_k3_layout_match_counts():
     """The whole K3 graph (93 layers, 69 KDA + 24 MLA, 8 AttnRes blocks, dense layer 0) at tiny widths: the exact
     counts the passes must reach on K3 (2 fusions per layer)."""
     cfg = KimiK3Config.preset("k3-layout")
-    err, s = compile_and_run(cfg, M=2, steps=1)
+    err, s = compile_and_run(cfg, M=2, steps=1, state_tol=1e-4)   # 93 fp32 layers: the state drifts ~1.5e-5
     assert err < 1e-4
     assert matches(s)["fuse_attn_out_allreduce_attnres_norm"] == 186
     ops = s["ops"]
