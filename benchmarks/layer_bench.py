@@ -130,16 +130,23 @@ def time_graph(fn, copies, reps=20):
     return statistics.median(ts)
 
 
-def count_kernels(fn, m, inp):
+def profile_kernels(fn, m, inp):
+    """Kernels of one un-graphed call: (count, [(name, total us, launches)] by total time). The times are kernel
+    durations only (no launch gaps), so their sum is below the graph-replayed time per layer."""
     from torch.profiler import ProfilerActivity, profile
     fn(m, *inp)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         fn(m, *inp)
         torch.cuda.synchronize()
-    names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    kernels = [n for n in names if not n.lower().startswith(("memcpy", "memset"))]
-    return len(kernels)
+    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+           and not e.name.lower().startswith(("memcpy", "memset"))]
+    agg = {}
+    for e in evs:
+        t, c = agg.get(e.name, (0.0, 0))
+        agg[e.name] = (t + e.time_range.elapsed_us(), c + 1)
+    top = sorted(((n[:90], round(t, 1), c) for n, (t, c) in agg.items()), key=lambda r: -r[1])
+    return len(evs), top
 
 
 def rel(a, b):
@@ -163,6 +170,8 @@ def main():
     ap.add_argument("--tp", default="16,8")
     ap.add_argument("--ms", default="1,8,64")
     ap.add_argument("--max-autotune", action="store_true")
+    ap.add_argument("--top", type=int, default=12, help="k3fuse kernels listed per row, by total time")
+    ap.add_argument("--skip", default="", help="variants not to run, e.g. eager,inductor (k3fuse-only reruns)")
     args = ap.parse_args()
     torch._dynamo.config.cache_size_limit = 64
     bw = copy_bandwidth()
@@ -174,6 +183,9 @@ def main():
             cfg = per_rank_config(tp)
             layers = [make_layer(cfg, kind, seed) for seed in (0, 1)]
             vs = variants(args.max_autotune)
+            for v in filter(None, args.skip.split(",")):
+                if v != "eager":            # eager stays: it is the reference
+                    vs.pop(v, None)
             for M in map(int, args.ms.split(",")):
                 torch.manual_seed(M)
                 base = make_inputs(cfg, layers[0], M)
@@ -189,7 +201,11 @@ def main():
                         row[f"{name}_rel_err"] = max(rel(g, r) for g, r in zip(got, ref))
                         copies = [(l, clone_inputs(base)) for l in layers]
                         row[f"{name}_us"] = round(time_graph(fn, copies), 1)
-                        row[f"{name}_kernels"] = count_kernels(fn, layers[0], clone_inputs(base))
+                        n, top = profile_kernels(fn, layers[0], clone_inputs(base))
+                        row[f"{name}_kernels"] = n
+                        if name == "k3fuse":
+                            row["k3fuse_kernel_us"] = round(sum(t for _, t, _ in top), 1)
+                            row["k3fuse_top_kernels"] = top[:args.top]
                     except Exception as e:
                         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:400]
                 row["kernels_per_layer"] = row.get("k3fuse_kernels")
@@ -205,6 +221,12 @@ def main():
         k = r.get("k3fuse_us")
         print(f"{r['kind']:<4} {r['tp']:>3} {r['M']:>3} {r['floor_us']:>9.1f} " + " ".join(f"{c:>14}" for c in cells)
               + (f"  {k / r['floor_us']:.2f}x" if k else ""))
+    for r in rows:
+        if r.get("k3fuse_top_kernels"):
+            print(f"\nk3fuse {r['kind']} tp{r['tp']} M{r['M']}: {r['k3fuse_kernels']} kernels, "
+                  f"{r['k3fuse_kernel_us']} us of kernel time (graph: {r.get('k3fuse_us')} us); top:")
+            for n, t, c in r["k3fuse_top_kernels"]:
+                print(f"  {t:>7.1f} us  x{c:<3} {n}")
     try:
         plot(rows, names, os.path.join(args.out, "layer_bench.png"))
     except Exception as e:  # matplotlib may be absent

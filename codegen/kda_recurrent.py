@@ -4,8 +4,7 @@ One launch on the current stream (templates/kda_recurrent.py.jinja), one CTA per
 threads (LPR lanes per row of the [d, d] fp32 state). Memory-bound: S is read once and S_new written once,
 64 KB each per (token, head) at d = 128. The op is functional: S_new and o are fresh tensors.
 
-EXPERIMENTAL: compiled for sm_90a / sm_100a on a CPU machine only; not validated on a GPU yet. Not registered by
-registry.register(); EXPERIMENTAL_IMPLS is meant to be registered behind an opt-in environment flag.
+Validated on the H200 (2026-11-29, tests/test_kda_kernel_gpu.py); registered by registry.register() (IMPLS).
 """
 from __future__ import annotations
 
@@ -158,4 +157,4 @@ def kda_recurrent_cuda(q, k, v, a, dt_bias, A_log, b, S, lower_bound):
     return kda_recurrent(q, k, v, a, dt_bias, A_log, b, S, lower_bound)
 
 
-EXPERIMENTAL_IMPLS = {OP: kda_recurrent_cuda}
+IMPLS = {OP: kda_recurrent_cuda}

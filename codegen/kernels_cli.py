@@ -91,7 +91,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                                  name=f"mixnorm_h{H}_nb{nb}{'_add' if addend else ''}{'' if prefix else '_restart'}"))
     jobs.append(dict(family="prefetch_l2", op="k3fuse::prefetch_l2", shape={}, bucket=None, config={},
                      name="prefetch_l2"))
-    # experimental families (registered on a GPU only with K3FUSE_EXPERIMENTAL_KERNELS=1)
+    # decode attention and routed experts
     from . import kda_recurrent, moe_experts
     d, adt = cfg.kda_head_dim, "bfloat16"
     why = kda_recurrent.supports(d)
@@ -100,7 +100,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
     else:
         jobs.append(dict(family="kda_recurrent", op="k3fuse::kda_recurrent", shape=dict(d=d), bucket=None,
                          config=dict(a_dtype=adt, b_dtype=adt, lower_bound=cfg.kda_gate_lower_bound),
-                         name=f"kda_recurrent_d{d}", experimental=True))
+                         name=f"kda_recurrent_d{d}"))
     from . import mla_attention
     h, n, v, r, C = (cfg.num_attention_heads // tp, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_rope_head_dim,
                      cfg.kv_lora_rank)
@@ -109,8 +109,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         skipped.append(dict(op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C), reason=why))
     else:
         jobs.append(dict(family="mla_attention", op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C),
-                         bucket=None, config=dict(scale=(n + r) ** -0.5), name=f"mla_attention_h{h}_c{C}",
-                         experimental=True))
+                         bucket=None, config=dict(scale=(n + r) ** -0.5), name=f"mla_attention_h{h}_c{C}"))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp
     for b in buckets:
@@ -120,7 +119,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             continue
         jobs.append(dict(family="moe_experts", op="k3fuse::moe_experts", shape=dict(E=E, I=I, D=D, k=KT), bucket=b,
                          config=dict(beta=cfg.activation_situ_beta, lbeta=cfg.activation_situ_linear_beta),
-                         name=f"moe_experts_e{E}_i{I}_d{D}_k{KT}_b{b}", experimental=True))
+                         name=f"moe_experts_e{E}_i{I}_d{D}_k{KT}_b{b}"))
     return jobs, skipped
 
 

@@ -19,8 +19,7 @@ Compile-time: h (and its padding HP), n, v, r, C, the q dtype, the scale, the ti
 threads, and the arch. Runtime: M, T and NS (splits per row, chosen by n_splits() from M, T and the SM count; the
 scratch tensors carry it), so the kernel does not recompile per batch, cache length or split count.
 
-EXPERIMENTAL: compiled for sm_90a / sm_100a on a CPU machine only; not run on a GPU yet. Not registered by
-registry.register(); EXPERIMENTAL_IMPLS is meant to be registered behind K3FUSE_EXPERIMENTAL_KERNELS=1.
+Validated on the H200 (2026-11-29, tests/test_mla_kernel_gpu.py); registered by registry.register() (IMPLS).
 """
 from __future__ import annotations
 
@@ -221,4 +220,4 @@ def mla_attention_cuda(q_nope, q_pe, cache, kv_b, seq_lens, scale):
     return mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale)
 
 
-EXPERIMENTAL_IMPLS = {OP: mla_attention_cuda}
+IMPLS = {OP: mla_attention_cuda}

@@ -1,13 +1,15 @@
 """CUDA implementations of the k3fuse ops, backed by the generated kernels.
 
     from k3fuse.codegen import registry
-    registry.register()          # idempotent; K3FUSE_KERNELS=0 in the environment turns it into a no-op
+    registry.register()          # idempotent; K3FUSE_KERNELS=0 in the environment turns it into a no-op,
+                                 # K3FUSE_DISABLE_KERNELS=op1,op2 leaves those ops unfused
 
 registers, with torch.library.register_kernel(..., "cuda", ...):
   k3fuse::linear               GEMV family for M <= 64 where a kernel exists and the tuning table does not
                                prefer cuBLAS; else the unfused path (cuBLAS F.linear for bf16, the reference otherwise)
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel
   k3fuse::prefetch_l2          bulk L2 prefetch on a side stream
+  k3fuse::kda_recurrent, mla_attention, moe_experts   (kda_recurrent.py, mla_attention.py, moe_experts.py)
 and, where compiler/ops.py defines them, the fused GEMVs k3fuse::rms_norm_linear, k3fuse::linear_situ_glu and
 k3fuse::rms_norm_linear_situ_glu (RMSNorm prologue / SiTU-GLU epilogue; see OPTIONAL_IMPLS).
 Every fallback logs ONE line per (op, reason) on the "k3fuse.codegen" logger, at INFO level... the first time.
@@ -223,17 +225,18 @@ def register() -> bool:
         return False
     import torch
     import k3fuse.ops  # noqa: F401  (defines the ops)
-    for name, fn in IMPLS.items():
-        torch.library.register_kernel(name, "cuda", fn)
-    for name, fn in OPTIONAL_IMPLS.items():   # registered once compiler/ops.py defines them
-        if hasattr(torch.ops.k3fuse, name.split("::")[1]):
-            torch.library.register_kernel(name, "cuda", fn)
-    if os.environ.get("K3FUSE_EXPERIMENTAL_KERNELS", "0") == "1":
-        # compiled in CI but not yet run on a GPU: opt-in until tests/test_{kda,mla,moe}_kernel_gpu.py pass on one
-        from .kda_recurrent import EXPERIMENTAL_IMPLS as kda
-        from .mla_attention import EXPERIMENTAL_IMPLS as mla
-        from .moe_experts import EXPERIMENTAL_IMPLS as moe
-        for name, fn in {**kda, **mla, **moe}.items():
+    from .kda_recurrent import IMPLS as kda
+    from .mla_attention import IMPLS as mla
+    from .moe_experts import IMPLS as moe
+    impls = {**IMPLS, **kda, **mla, **moe}
+    # OPTIONAL_IMPLS: registered once compiler/ops.py defines those ops
+    impls.update({n: f for n, f in OPTIONAL_IMPLS.items() if hasattr(torch.ops.k3fuse, n.split("::")[1])})
+    # K3FUSE_DISABLE_KERNELS=kda_recurrent,moe_experts keeps those ops on the unfused path (to bisect a layer)
+    off = {s.strip() for s in os.environ.get("K3FUSE_DISABLE_KERNELS", "").split(",") if s.strip()}
+    for name, fn in impls.items():
+        if name.split("::")[1] in off:
+            log_fallback(name, "disabled by K3FUSE_DISABLE_KERNELS")
+        else:
             torch.library.register_kernel(name, "cuda", fn)
     _registered = True
     return True

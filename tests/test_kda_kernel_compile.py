@@ -87,4 +87,4 @@ def test_kda_fallback_on_cpu():
     o, Sn = kr.kda_recurrent_cuda(q, k, v, a, dt, A_log, b, S, -5.0)
     ro, rS = ops.kda_recurrent._init_fn(q, k, v, a, dt, A_log, b, S, -5.0)
     assert torch.equal(o, ro) and torch.equal(Sn, rS)
-    assert set(kr.EXPERIMENTAL_IMPLS) == {"k3fuse::kda_recurrent"}
+    assert set(kr.IMPLS) == {"k3fuse::kda_recurrent"}

@@ -1,6 +1,6 @@
 """k3fuse::kda_recurrent kernel (codegen/kda_recurrent.py) on a GPU: o and S_new against the ops.py reference on
 fresh random inputs, outputs poisoned with NaN, fp32 rel err < 1e-4; replay inside a CUDA graph.
-Skipped without CUDA. EXPERIMENTAL: written on a CPU machine, never run yet."""
+Skipped without CUDA."""
 import pytest
 import torch
 

@@ -180,5 +180,5 @@ def test_mla_fallback_on_cpu():
     args = _inputs(2, 6, 9, n=128, v=128, r=64, C=512, gen=g)
     assert ma.launch_ok(*args) is None                              # the kernel's shape, on CPU: still the reference
     assert torch.equal(ma.mla_attention_cuda(*args, SCALE), ops.mla_attention._init_fn(*args, SCALE))
-    assert set(ma.EXPERIMENTAL_IMPLS) == {"k3fuse::mla_attention"}
+    assert set(ma.IMPLS) == {"k3fuse::mla_attention"}
     assert math.isclose(float(SCALE), 192 ** -0.5)

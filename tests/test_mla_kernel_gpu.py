@@ -1,7 +1,7 @@
 """k3fuse::mla_attention kernels (codegen/mla_attention.py) on a GPU: o against the ops.py reference on fresh random
 inputs with garbage (nan, inf, huge values) in the cache rows past seq_lens, outputs poisoned with NaN, rel err
 < 1e-2; M in 1, 3, 8; several T and ragged seq_lens; several split counts; replay in a CUDA graph.
-Skipped without CUDA. EXPERIMENTAL: written on a CPU machine, never run yet."""
+Skipped without CUDA."""
 import pytest
 import torch
 
@@ -75,7 +75,7 @@ def test_mla_matches_reference(M, T, seq_lens, h, seed):
     cache0 = args[2].clone()
     o = run_kernel(args)
     torch.cuda.synchronize()
-    assert torch.equal(args[2], cache0), "the kernel wrote its input cache"
+    assert torch.equal(args[2].view(torch.int16), cache0.view(torch.int16)), "the kernel wrote its input cache"  # bitwise: the garbage has NaN
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
 

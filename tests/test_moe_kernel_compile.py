@@ -1,4 +1,4 @@
-"""k3fuse::moe_experts kernels (codegen/moe_experts.py, EXPERIMENTAL) render for every batch bucket and compile
+"""k3fuse::moe_experts kernels (codegen/moe_experts.py) render for every batch bucket and compile
 for sm_90a and sm_100a without a GPU; their PTX has 128-bit weight loads, two kernels and no local memory; the
 CUDA implementation falls back to the reference (one log line) where it has no kernel."""
 import logging
@@ -94,4 +94,4 @@ def test_fallback_on_cpu_logs_once(caplog):
     assert torch.equal(out, ref) and torch.equal(out2, ref)
     lines = [r for r in caplog.records if "k3fuse::moe_experts" in r.getMessage()]
     assert len(lines) == 1
-    assert me.EXPERIMENTAL_IMPLS == {"k3fuse::moe_experts": me.moe_experts_cuda}
+    assert me.IMPLS == {"k3fuse::moe_experts": me.moe_experts_cuda}

@@ -1,4 +1,4 @@
-"""k3fuse::moe_experts kernels (codegen/moe_experts.py, EXPERIMENTAL) on a GPU against the ops.py reference:
+"""k3fuse::moe_experts kernels (codegen/moe_experts.py) on a GPU against the ops.py reference:
 fresh random inputs with experts repeated across tokens (and once within a token), NaN-poisoned outputs, the
 K3 per-rank shapes at TP16 and TP8, and replay in a CUDA graph. Skipped without CUDA."""
 import pytest
