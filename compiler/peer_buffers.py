@@ -174,6 +174,11 @@ class PeerBuffers:
         world, rank = dist.get_world_size(group), dist.get_rank(group)
         layout = BufferLayout(hidden, max_m)
         dev = torch.device("cuda", torch.cuda.current_device())
+        try:    # the CUDA backend: plain cuMem peer mappings (NVSHMEM / NCCL windows are not needed here)
+            if symm_mem.get_backend(dev) is None:
+                symm_mem.set_backend("CUDA")
+        except Exception:   # older torch, or a backend already fixed by an earlier allocation: keep it
+            pass
         region = symm_mem.empty(layout.total_bytes, dtype=torch.uint8, device=dev)
         handle = symm_mem.rendezvous(region, group)
         ptrs = torch.tensor([int(p) for p in handle.buffer_ptrs], dtype=torch.int64, device=dev)

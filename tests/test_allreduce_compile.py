@@ -14,6 +14,14 @@ ARCHES = ["sm_90a", "sm_100a"]
 H = 7168
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_memo():
+    """codegen.compile.clear_memo() (used by the shared cache fixture) does not know this family's memo yet."""
+    mar._built.clear()
+    yield
+    mar._built.clear()
+
+
 def ptx_of(k):
     return open(k.files["kernel.ptx"]).read()
 
@@ -143,3 +151,36 @@ def test_peer_buffers_rejects_bad_args():
         pbuf.PeerBuffers(9, 0, L, region, ptrs, "emulated")
     with pytest.raises(ValueError):
         pbuf.PeerBuffers(2, 0, L, region[:-1], ptrs, "emulated")
+
+
+@pytest.mark.parametrize("v", VARIANTS)
+def test_host_api_passes_what_the_kernel_takes(v, monkeypatch, tmp_path):
+    """fused_residual_norm_ar's argument list against the template's fake_args(): count, dtypes and shapes
+    (the compiled function would reject a mismatch only on a GPU)."""
+    pytest.importorskip("cutlass")
+    from cutlass import BFloat16, Float32, Int32, Int64
+    from k3fuse.codegen.compile import _import_source
+    W, M = 4, 3
+    src = mar.render_source(H, v["nb"], W, v["has_addend"], v["has_prefix"], v["has_norm"], v["fp32_norm"])
+    fake = _import_source(src, f"hostapi{v['nb']}", tmp_path).fake_args()[:-1]     # drop the stream
+    seen = []
+    monkeypatch.setattr(mar, "build", lambda *a, **k: (lambda *args: seen.append(args)))
+    monkeypatch.setattr(mar, "gemv_into", lambda o, w, y: y.copy_((o.float() @ w.float().t()).to(y.dtype)))
+    peer = pbuf.emulated_world(W, H, device="cpu")[1]
+    bf = torch.bfloat16
+    blocks_buf = torch.zeros(M, 8, H, dtype=bf)
+    out, newp = mar.fused_residual_norm_ar(
+        torch.zeros(M, 64, dtype=bf), torch.zeros(H, 64, dtype=bf), torch.zeros(M, H, dtype=bf) if v["has_addend"]
+        else None, torch.zeros(M, H, dtype=bf) if v["has_prefix"] else None,
+        [blocks_buf[:, i] for i in range(v["nb"])], torch.zeros(H, dtype=bf),
+        torch.ones(H, dtype=bf) if v["has_norm"] else None, 1e-5, 1e-5, peer, v["fp32_norm"])
+    (args,) = seen
+    assert len(args) == len(fake)
+    to_cute = {torch.bfloat16: BFloat16, torch.float32: Float32, torch.int32: Int32, torch.int64: Int64}
+    for i, (a, f) in enumerate(zip(args, fake)):
+        assert to_cute[a.dtype] == f.element_type, (i, a.dtype, f.element_type)
+        assert a.dim() == len(f.shape), i
+    assert args[-2] is peer.ptrs and args[-1].data_ptr() == peer.counters().data_ptr()
+    assert args[0].data_ptr() == peer.partial.data_ptr() and args[0].shape == (M, H)
+    assert out.shape == (M, H) and out.dtype == (bf if v["has_norm"] else torch.float32)
+    assert args[-4] is out and args[-3] is newp
