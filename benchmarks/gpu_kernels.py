@@ -1,6 +1,7 @@
 """Build, check and time the k3fuse kernels on a GPU, in one call (see benchmarks/RESULTS.md for how it is run).
 
   python3 benchmarks/gpu_kernels.py --out $OUT [--shapes tp8,tp16] [--ms 1,8,64] [--tune] [--families gemv,frn,prefetch]
+  python3 benchmarks/gpu_kernels.py --out $OUT --only-small    # PDL on/off on the 11 MB shapes (family pdl), ~1-2 min
 
 Per (shape, M): every candidate config is compiled (in a process pool, into the disk cache), checked against an
 fp64 reference on fresh random bf16 inputs with the output poisoned (NaN) before the run, and timed as a CUDA graph
@@ -27,6 +28,8 @@ TP8 = [(6288, 7168), (1536, 128), (2112, 7168), (2304, 1536), (1536, 7168), (716
        (3584, 7168), (7168, 3584), (8448, 7168), (7168, 4224), (20480, 7168)]
 TP16 = [(3216, 7168), (1152, 1536), (768, 7168), (768, 128), (7168, 384), (7168, 768), (4224, 7168), (10240, 7168)]
 L2_BYTES = 60 * 2**20
+SMALL = [(7168, 768), (768, 7168)]    # the 11 MB K3 shapes, where the fixed launch cost dominates at M = 1
+SMALL_MS = (1, 8)
 LOG = None
 
 
@@ -170,6 +173,143 @@ def bench_gemv(shapes, ms, tune_ms, copy_bw, results):
         del ws
         torch.cuda.empty_cache()
     return table
+
+
+def pdl_pairs(N, K, b):
+    """(pdl=0, pdl=1) config pairs for the small-shape comparison: the tuner's PDL bases (tabled config first)."""
+    from k3fuse.codegen import gemv
+    return [(c, dict(c, pdl=1)) for c in gemv._pdl_bases(N, K, b, gemv.candidates(N, K, b))]
+
+
+def pdl_chain_check(M, cfg_up, cfg_down, rounds=3, replays=4):
+    """RAW hazards PDL could break, in one CUDA graph: a torch kernel writes x, then `rounds` of
+    h = x @ w_up^T (7168x768) and x' = h @ w_down^T (768x7168), each GEMV reading what the kernel just before it
+    wrote while that kernel already let it launch (griddepcontrol.launch_dependents at its start). Every buffer
+    but the source is NaN-poisoned before each replay, so a read ahead of griddepcontrol.wait shows up as NaN or
+    as a mismatch against fp64 products of the values each stage really read. Returns the worst relative error."""
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    b = bucket_for(M)
+    wu = (torch.randn(7168, 768, device="cuda") * 768 ** -0.5).to(torch.bfloat16)
+    wd = (torch.randn(768, 7168, device="cuda") * 7168 ** -0.5).to(torch.bfloat16)
+    ku, kd = gemv.build(7168, 768, b, cfg_up), gemv.build(768, 7168, b, cfg_down)
+    src = torch.randn(M, 768, device="cuda", dtype=torch.bfloat16)
+    xs = [torch.empty(M, 768, device="cuda", dtype=torch.bfloat16) for _ in range(rounds + 1)]
+    hs = [torch.empty(M, 7168, device="cuda", dtype=torch.bfloat16) for _ in range(rounds)]
+
+    def body():
+        torch.mul(src, 2.0, out=xs[0])            # an ordinary (non-PDL) kernel writing the first GEMV's x
+        for r in range(rounds):
+            ku(xs[r], wu, hs[r])
+            kd(hs[r], wd, xs[r + 1])
+    body()                                        # compile/load before capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    worst = 0.0
+
+    def err(out, ref):
+        e = rel_err(out, ref)
+        return e if e == e else float("inf")  # a NaN reference (poisoned input) must not vanish in max()
+    for _ in range(replays):
+        src.copy_(torch.randn(M, 768, device="cuda", dtype=torch.bfloat16))
+        for t in xs + hs:
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        worst = max(worst, err(xs[0], src.double() * 2))
+        for r in range(rounds):
+            worst = max(worst, err(hs[r], xs[r].double() @ wu.double().t()),
+                        err(xs[r + 1], hs[r].double() @ wd.double().t()))
+    return worst
+
+
+def bench_pdl_small(copy_bw, results, shapes=SMALL, ms=SMALL_MS):
+    """pdl=0 vs pdl=1 (same other parameters) on the small shapes, timed like bench_gemv (a CUDA graph of 20
+    launches over weights rotated beyond L2): `us` back to back (each launch follows the same PDL kernel, so its
+    prologue overlaps the previous launch), `after_write_us` with an ordinary torch kernel writing x before
+    every launch (a predecessor that does not trigger early; the GEMV's share, pair minus the write alone).
+    cuBLAS beside them. Rows have family "gemv_pdl" (make_tuning_table ignores them; the tuner's own pdl
+    candidates are "gemv" rows)."""
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    rows = []
+    for (N, K) in shapes:
+        wbytes = N * K * 2
+        nrot = max(2, math.ceil(3 * L2_BYTES / wbytes))
+        ws = [(torch.randn(N, K, device="cuda") * K ** -0.5).to(torch.bfloat16) for _ in range(nrot)]
+        for M in ms:
+            b = bucket_for(M)
+            x = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+            xsrc = [torch.randn(M, K, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+            y = torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+            floor_us = (wbytes + M * K * 2 + M * N * 2) / copy_bw * 1e6
+            t_cublas = min(graph_time(lambda i: torch.mm(x, ws[i % nrot].t(), out=y))[0],
+                           graph_time(lambda i: F.linear(x, ws[i % nrot]))[0])
+            t_write, _ = graph_time(lambda i: torch.mul(xsrc[i % 2], 1.0, out=x))
+            t_cublas_w, _ = graph_time(lambda i: (torch.mul(xsrc[i % 2], 1.0, out=x),
+                                                  torch.mm(x, ws[i % nrot].t(), out=y)))
+            for pair in pdl_pairs(N, K, b):
+                for cfg in pair:
+                    row = dict(family="gemv_pdl", N=N, K=K, M=M, bucket=b, config=cfg, pdl=int(bool(cfg.get("pdl"))),
+                               wbytes=wbytes, floor_us=floor_us, cublas_us=t_cublas,
+                               cublas_after_write_us=t_cublas_w - t_write, write_us=t_write)
+                    try:
+                        k = gemv.build(N, K, b, cfg)
+                        errs = []
+                        for trial in range(2):
+                            xt = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+                            wt = torch.randn(N, K, device="cuda", dtype=torch.bfloat16)
+                            yt = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+                            k(xt, wt, yt)
+                            torch.cuda.synchronize()
+                            errs.append(rel_err(yt, xt.double() @ wt.double().t()))
+                        t, (tmin, tmax) = graph_time(lambda i: k(x, ws[i % nrot], y))
+                        t_w, _ = graph_time(lambda i: (torch.mul(xsrc[i % 2], 1.0, out=x), k(x, ws[i % nrot], y)))
+                        row.update(err=max(errs), ok=max(errs) < 1e-2, us=t, us_min=tmin, us_max=tmax,
+                                   pct_copy=floor_us / t * 100, after_write_us=t_w - t_write,
+                                   pct_copy_after_write=floor_us / max(t_w - t_write, 1e-9) * 100)
+                    except Exception as e:
+                        row.update(ok=False, error=repr(e)[:400])
+                        log("ERROR", N, K, M, cfg, repr(e)[:400])
+                    results.append(row)
+                    rows.append(row)
+                    log(json.dumps(row))
+        del ws
+        torch.cuda.empty_cache()
+    for M in ms:  # the hazard check, with the first PDL pair of each shape
+        b = bucket_for(M)
+        up, down = pdl_pairs(7168, 768, b)[0][1], pdl_pairs(768, 7168, b)[0][1]
+        row = dict(family="gemv_pdl_chain", M=M, cfg_up=up, cfg_down=down)
+        try:
+            err = pdl_chain_check(M, up, down)
+            row.update(err=err, ok=err < 1e-2)
+        except Exception as e:
+            row.update(ok=False, error=repr(e)[:500] + traceback.format_exc()[-800:])
+        results.append(row)
+        log(json.dumps(row))
+    return rows
+
+
+def pdl_table(results):
+    log(f"\n{'shape':>12} {'M':>3} {'config (pdl 0 -> 1)':>26} {'us':>13} {'%copy':>11} {'after write us':>15} "
+        f"{'cuBLAS':>7} {'err':>8}")
+    rows = [r for r in results if r.get("family") == "gemv_pdl"]
+    for r0 in (r for r in rows if not r["pdl"]):
+        r1 = next((r for r in rows if r["pdl"] and (r["N"], r["K"], r["M"]) == (r0["N"], r0["K"], r0["M"])
+                   and {k: v for k, v in r["config"].items() if k != "pdl"} == r0["config"]), None)
+        if r1 is None or "us" not in r0 or "us" not in r1:
+            continue
+        c = r0["config"]
+        cs = c["variant"] + ":" + ",".join(f"{k}{v}" for k, v in c.items() if k != "variant")
+        log(f"{r0['N']:>5}x{r0['K']:<6} {r0['M']:>3} {cs:>26} {r0['us']:5.2f} -> {r1['us']:5.2f} "
+            f"{r0['pct_copy']:4.0f} -> {r1['pct_copy']:3.0f} {r0['after_write_us']:6.2f} -> {r1['after_write_us']:5.2f} "
+            f"{r0['cublas_us']:7.2f} {max(r0['err'], r1['err']):8.1e}")
+    for r in results:
+        if r.get("family") == "gemv_pdl_chain":
+            log(f"PDL chain hazard check M={r['M']}: {'ok' if r.get('ok') else 'FAILED'} err={r.get('err')} "
+                f"{r.get('error', '')}")
 
 
 def bench_frn(results, copy_bw):
@@ -364,7 +504,11 @@ def main(argv=None):
     ap.add_argument("--tune-ms", default="", help="batch sizes to tune (the others in --ms are verified)")
     ap.add_argument("--families", default="gemv")
     ap.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 2))
+    ap.add_argument("--only-small", action="store_true",
+                    help="only the PDL on/off comparison on the 11 MB shapes (same as --families pdl)")
     a = ap.parse_args(argv)
+    if a.only_small:
+        a.families = "pdl"
     os.makedirs(a.out, exist_ok=True)
     os.environ.setdefault("K3FUSE_CACHE_DIR", "/tmp/k3fuse-cache")
     LOG = open(os.path.join(a.out, "log.txt"), "w")
@@ -396,6 +540,11 @@ def main(argv=None):
                 for cfg in (gemv.candidates(N, K, b) + [gemv.config_for(N, K, b)] if M in tune_ms
                             else [gemv.config_for(N, K, b)]):
                     jobs.append(("gemv", (N, K, b), cfg, arch))
+    if "pdl" in fams:
+        for (N, K) in SMALL:
+            for M in SMALL_MS:
+                for pair in pdl_pairs(N, K, bucket_for(M)):
+                    jobs += [("gemv", (N, K, bucket_for(M)), c, arch) for c in pair]
     if "frn" in fams:
         from k3fuse.codegen import fused_residual_norm as frn_mod  # noqa: F401
         for nb, add, pre, f32 in ((3, False, True, False), (0, True, True, True), (8, True, False, True),
@@ -414,6 +563,11 @@ def main(argv=None):
     tables = {}
     if "gemv" in fams:
         tables.update(bench_gemv(shapes, ms, tune_ms, copy_bw, results))
+    if "pdl" in fams:
+        try:
+            bench_pdl_small(copy_bw, results)
+        except Exception:
+            log("FAMILY FAILED pdl", traceback.format_exc()[-2000:])
     for fam, fn in (("frn", lambda: bench_frn(results, copy_bw)), ("prefetch", lambda: bench_prefetch(results, copy_bw)),
                     ("fused", lambda: bench_fused(results, copy_bw)),
                     ("registry", lambda: check_registry(results))):
@@ -445,6 +599,8 @@ def main(argv=None):
     for r in results:
         if r.get("family") in ("frn", "prefetch", "fused", "registry"):
             log(json.dumps(r))
+    if "pdl" in fams:
+        pdl_table(results)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ Variants (templates/gemv_<variant>.py.jinja):
         with 16-byte loads; 16 rows per CTA, W warps splitting K, U k-steps of loads in flight per warp.
 Configs are dicts {"variant": ..., plus the variant's parameters}; `default_config` is the heuristic used for
 GPUs and shapes without a tuning table entry; `candidates` lists what the GPU tuner times.
+Both variants take an optional "pdl": 1 (Programmatic Dependent Launch with an L2 bulk prefetch of the CTA's
+weight rows before griddepcontrol.wait, so that a launch's weight traffic overlaps the previous kernel's tail;
+meant for small weights, where a ~1.7 us fixed cost per launch dominates). "pdl" is absent when 0, so configs,
+rendered sources and cache keys of kernels without it are the same as before it existed.
 """
 from __future__ import annotations
 
@@ -35,6 +39,8 @@ def supports(N: int, K: int, bucket: Optional[int], cfg: Optional[dict] = None) 
     if cfg is not None:
         if cfg["variant"] not in VARIANTS:
             return f"unknown variant {cfg['variant']}"
+        if cfg.get("pdl", 0) not in (0, 1, False, True):
+            return f"pdl must be 0 or 1, not {cfg['pdl']!r}"
         if cfg["variant"] == "simt" and N % cfg["R"]:
             return f"N={N} not a multiple of R={cfg['R']}"
         if cfg["variant"] == "mma":
@@ -91,7 +97,30 @@ def candidates(N: int, K: int, bucket: int) -> list[dict]:
     d = default_config(N, K, bucket)
     if d not in out:
         out.append(d)
+    if N * K * 2 < PDL_MAX_BYTES:
+        out += [dict(c, pdl=1) for c in _pdl_bases(N, K, bucket, out)]
     return out
+
+
+# PDL copies are timed for weights below this size: there the fixed launch cost is a large share of the time
+# (54-55% of copy bandwidth at 11 MB, M = 1, on the H200); at >= 40 MB the kernels are within a few % of it.
+PDL_MAX_BYTES = 40 * 10**6
+# configs that won on the H200 for small K3 shapes (2026-11-29 table), tried with pdl=1 when they are candidates
+_PDL_USUAL = ({"variant": "simt", "R": 1, "W": 8}, {"variant": "simt", "R": 2, "W": 8},
+              {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1},
+              {"variant": "mma", "W": 4, "U": 2, "WN": 1, "RT": 1, "KB": 1})
+
+
+def _pdl_bases(N: int, K: int, bucket: int, cands: list[dict], most: int = 4) -> list[dict]:
+    """Up to `most` candidates to copy with pdl=1: the tabled and default configs, then the usual winners."""
+    tabled = config_for(N, K, bucket)
+    first = [_clean(tabled)] if tabled.get("variant") in VARIANTS else []
+    out = []
+    for c in first + [default_config(N, K, bucket)] + [c for c in _PDL_USUAL if c in cands]:
+        c = {k: v for k, v in c.items() if k != "pdl"}
+        if c not in out and supports(N, K, bucket, c) is None:
+            out.append(c)
+    return out[:most]
 
 
 _CFG_KEYS = {"simt": ("variant", "R", "W"), "mma": ("variant", "W", "U", "WN", "RT", "KB")}
@@ -99,7 +128,10 @@ _CFG_DEFAULTS = {"WN": 1, "RT": 1, "KB": 0}
 
 
 def _clean(cfg: dict) -> dict:
-    return {k: cfg.get(k, _CFG_DEFAULTS.get(k)) for k in _CFG_KEYS[cfg["variant"]]}
+    out = {k: cfg.get(k, _CFG_DEFAULTS.get(k)) for k in _CFG_KEYS[cfg["variant"]]}
+    if cfg.get("pdl"):  # only when set: a pdl=0 config is the same dict (and kernel) as one without the key
+        out["pdl"] = 1
+    return out
 
 
 def config_for(N: int, K: int, bucket: int, gpu: Optional[str] = None) -> dict:
@@ -133,14 +165,20 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[d
     return default_config(N, K, bucket), ""
 
 
+# bytes per L2 bulk-prefetch instruction in the PDL prologue (one instruction per thread; a multiple of 16)
+PF_CHUNK = 8192
+
+
 def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
+    # PDL / PF_CHUNK are passed only with pdl=1 (the templates default PDL to off): see the module docstring
+    pdl = dict(PDL=True, PF_CHUNK=PF_CHUNK) if cfg.get("pdl") else {}
     if cfg["variant"] == "mma":
         S, W, U, KB = K // 32, cfg["W"], cfg["U"], int(cfg.get("KB", 0))
         return dict(N=N, K=K, BM=bucket, W=W, U=U, WN=cfg.get("WN", 1), RT=cfg.get("RT", 1), NT=max(1, bucket // 8),
                     KB=KB, OUTER=-(-S // (W * U)), PRED_S=(S // U) % W != 0 if KB else S % (W * U) != 0, PRED_M=True,
-                    PRED_N=N % (16 * cfg.get("RT", 1) * cfg.get("WN", 1)) != 0)
+                    PRED_N=N % (16 * cfg.get("RT", 1) * cfg.get("WN", 1)) != 0, **pdl)
     nv = K // 8
-    p = dict(N=N, K=K, BM=bucket, R=cfg["R"], W=cfg["W"], NORM=False, XF32=False, ACT="none")
+    p = dict(N=N, K=K, BM=bucket, R=cfg["R"], W=cfg["W"], NORM=False, XF32=False, ACT="none", **pdl)
     p["ITERS"] = -(-nv // (32 * cfg["W"]))
     return p
 

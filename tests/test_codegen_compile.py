@@ -118,3 +118,82 @@ def test_kernels_cli_writes_manifest(tmp_path):
     g = [k for k in m["kernels"] if k["family"] == "gemv"]
     assert all(k["bucket"] == 1 for k in g) and len(g) >= 8
     assert any("M=100" in s["reason"] for s in m["skipped"])
+
+
+# PDL (config "pdl": 1): both variants, the small K3 shapes it is meant for, one fused simt kernel (2 weight
+# regions per CTA) and one mma kernel whose last CTA is partial (PRED_N)
+PDL_CASES = [(768, 7168, 1, {"variant": "simt", "R": 1, "W": 8}, None),
+             (7168, 768, 1, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}, None),
+             (768, 7168, 8, {"variant": "mma", "W": 16, "U": 8, "WN": 1, "RT": 1, "KB": 0}, None),
+             (6288, 7168, 2, {"variant": "mma", "W": 4, "U": 2, "WN": 1, "RT": 2, "KB": 1}, None),
+             (768, 7168, 2, {"variant": "simt", "R": 2, "W": 8}, dict(norm=True, act="situ"))]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("N,K,b,cfg,fusion", PDL_CASES)
+def test_gemv_pdl_prefetch_precedes_wait(arch, N, K, b, cfg, fusion):
+    k = gemv.build(N, K, b, dict(cfg, pdl=1), arch=arch, load=False, fusion=fusion)
+    ptx = ptx_of(k)
+    pf, trig, wait = (ptx.find(s) for s in ("cp.async.bulk.prefetch.L2.global", "griddepcontrol.launch_dependents",
+                                            "griddepcontrol.wait"))
+    assert min(pf, trig, wait) >= 0, "PDL prologue instructions missing"
+    # the weight prefetch is issued before the wait: it is what overlaps the previous kernel's tail
+    assert pf < wait and trig < wait
+    # no global load of x or w ahead of the wait (x may still be written by the previous kernel)
+    assert "ld.global" not in ptx[:wait]
+    loads = global_loads(ptx)
+    assert loads and all(is_128bit(l) for l in loads), f"non-128-bit global loads: {loads}"
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    if cfg["variant"] == "mma":
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+
+
+def _nvdisasm():
+    import glob
+    import shutil
+    try:
+        import nvidia
+        found = [f for d in nvidia.__path__ for f in glob.glob(f"{d}/*/bin/nvdisasm")]
+    except ImportError:
+        found = []
+    return shutil.which("nvdisasm") or (found[0] if found else None)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("N,K,b,cfg,fusion", PDL_CASES)
+def test_gemv_pdl_sass_order(arch, N, K, b, cfg, fusion):
+    """ptxas reorders loads (CUTEDSL.md pitfall 3): check the machine code too. UBLKPF = bulk L2 prefetch,
+    PREEXIT = launch_dependents, ACQBULK = griddepcontrol.wait."""
+    import subprocess
+    nd = _nvdisasm()
+    if nd is None:
+        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
+    k = gemv.build(N, K, b, dict(cfg, pdl=1), arch=arch, load=False, fusion=fusion)
+    sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+    pf, trig, wait = (sass.find(s) for s in ("UBLKPF.L2", "PREEXIT", "ACQBULK"))
+    assert min(pf, trig, wait) >= 0 and pf < wait and trig < wait
+    assert "LDG" not in sass[:wait] and "LDG.E.128" in sass[wait:]
+
+
+def test_gemv_pdl_config_keys():
+    base = {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}
+    # pdl=0 is the same config, source and cache key as no pdl key at all; pdl=1 is another kernel
+    assert gemv._clean(dict(base, pdl=0)) == base
+    assert gemv._clean(dict(base, pdl=1)) == dict(base, pdl=1)
+    src0 = gemv.render_source(7168, 768, 1, base)[1]
+    assert gemv.render_source(7168, 768, 1, dict(base, pdl=0))[1] == src0
+    src1 = gemv.render_source(7168, 768, 1, dict(base, pdl=1))[1]
+    assert src1 != src0 and "use_pdl=True" in src1 and "use_pdl" not in src0
+    assert kcompile.cache_key(src1, "sm_90a") != kcompile.cache_key(src0, "sm_90a")
+    assert gemv.supports(7168, 768, 1, dict(base, pdl=2)) is not None
+    # default configs never turn PDL on; small shapes get a few pdl copies, large ones none
+    for N, K in ((7168, 768), (768, 7168), (20480, 7168)):
+        for b in (1, 8, 64):
+            assert "pdl" not in gemv.default_config(N, K, b)
+            c = gemv.candidates(N, K, b)
+            p = [x for x in c if x.get("pdl")]
+            assert (not p) if N * K * 2 >= gemv.PDL_MAX_BYTES else 1 <= len(p) <= 4
+            assert all({k: v for k, v in x.items() if k != "pdl"} in c for x in p)
+            assert all(gemv.supports(N, K, b, x) is None for x in p)
+    assert any(x.get("pdl") for x in gemv.candidates(7168, 768, 1))
+    assert any(x.get("pdl") for x in gemv.candidates(768, 7168, 8))

@@ -97,3 +97,50 @@ def test_registry_ops_and_graph_capture():
     g.replay()
     torch.cuda.synchronize()
     assert rel(yg, x.double() @ w.double().t()) < 1e-2
+
+
+PDL_UP = {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1, "pdl": 1}          # 7168x768
+PDL_DOWN = {1: {"variant": "simt", "R": 1, "W": 8, "pdl": 1},                            # 768x7168
+            8: {"variant": "mma", "W": 16, "U": 8, "WN": 1, "RT": 1, "KB": 0, "pdl": 1}}
+
+
+@pytest.mark.parametrize("M", [1, 8])
+def test_gemv_pdl_matches_reference_and_waits_in_graph(M):
+    """pdl=1 kernels: values with poisoned outputs, then a CUDA graph where a torch kernel writes x and PDL GEMVs
+    each read what the kernel before them just wrote (the previous GEMV lets them launch at its start), all
+    buffers NaN-poisoned before every replay: a read ahead of griddepcontrol.wait would show up."""
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    b = bucket_for(M)
+    cfgs = {(7168, 768): PDL_UP, (768, 7168): PDL_DOWN[M]}
+    for (N, K), cfg in cfgs.items():
+        x, w = bf(M, K), bf(N, K, scale=K ** -0.5)
+        y = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemv.linear(x, w, cfg, out=y)
+        assert rel(y, x.double() @ w.double().t()) < 1e-2
+    wu, wd = bf(7168, 768, scale=768 ** -0.5), bf(768, 7168, scale=7168 ** -0.5)
+    ku, kd = gemv.build(7168, 768, b, PDL_UP), gemv.build(768, 7168, b, PDL_DOWN[M])
+    src = bf(M, 768)
+    xs = [torch.empty(M, 768, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+    hs = [torch.empty(M, 7168, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+
+    def body():
+        torch.mul(src, 2.0, out=xs[0])
+        for r in range(2):
+            ku(xs[r], wu, hs[r])
+            kd(hs[r], wd, xs[r + 1])
+    body()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    for _ in range(3):
+        src.copy_(bf(M, 768))
+        for t in xs + hs:
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel(xs[0], src.double() * 2) < 1e-2
+        for r in range(2):
+            assert rel(hs[r], xs[r].double() @ wu.double().t()) < 1e-2
+            assert rel(xs[r + 1], hs[r].double() @ wd.double().t()) < 1e-2
