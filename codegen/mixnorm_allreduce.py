@@ -12,6 +12,11 @@ The copy is 2 * H bytes per row from L2 (the GEMV just wrote it).
 
 Peer regions, epochs, flags and the timeout are described in compiler/peer_buffers.py and the template docstring.
 `check_error(peer)` raises if a kernel on this rank gave up waiting (then `peer.reset()` on every rank).
+
+Not wired yet. The intended wiring (codegen/registry.py's fused_residual_norm CUDA impl, group_name != ""): resolve
+the group, `peer = k3fuse.peer_buffers.for_group(group, H)` (collective; happens at the first eager call, so it
+must not be first reached inside a graph capture), and if `launch_ok(...)` is None call `fused_residual_norm_ar`,
+else keep the functional all-reduce path. codegen.compile.clear_memo() should clear this module's `_built` too.
 """
 from __future__ import annotations
 
