@@ -54,7 +54,7 @@ def _copy_state(dst, src):
 
 
 @torch.no_grad()
-def run(name, cfg, M, steps=16, inner="eager"):
+def run(name, cfg, M, steps=16, inner="eager", baseline=False):
     """Compiled (bf16) vs eager (bf16) over `steps` decode steps; both also against the same weights in fp32 eager,
     so that a compiled-vs-eager gap can be told apart from bf16 noise that eager has as well."""
     torch._dynamo.reset()
@@ -66,13 +66,20 @@ def run(name, cfg, M, steps=16, inner="eager"):
                              options={"inner_compiler": inner})
     ce, cc, c32 = model.new_cache(M, 64), model.new_cache(M, 64), m32.new_cache(M, 64)
     ct = model.new_cache(M, 64)     # teacher-forced: eager's state copied in before every compiled step
+    # baseline: plain torch.compile (Inductor) teacher-forced the same way, for the bf16 noise of any compiler
+    ind = torch.compile(model, fullgraph=True, dynamic=False) if baseline else None
+    ci, base = model.new_cache(M, 64), []
     g = torch.Generator().manual_seed(1)
     errs, errs32, eager32, forced, same, same_forced = [], [], [], [], True, True
     t0 = time.perf_counter()
     for _ in range(steps):
         ids = torch.randint(0, cfg.vocab_size, (M,), generator=g).cuda()
         _copy_state(ct, ce)
+        if ind is not None:
+            _copy_state(ci, ce)
         a, b, f, t = model(ids, ce), compiled(ids, cc), m32(ids, c32), compiled(ids, ct)
+        if ind is not None:
+            base.append(rel(ind(ids, ci), a))
         errs.append(rel(b, a))
         errs32.append(rel(b, f))
         eager32.append(rel(a, f))
@@ -113,7 +120,8 @@ def run(name, cfg, M, steps=16, inner="eager"):
         ts.append(e0.elapsed_time(e1) * 1e3)
     return {"config": name, "M": M, "inner": inner, "steps": steps, "max_rel_err": max(errs),
             "max_rel_err_vs_fp32": max(errs32), "eager_bf16_max_rel_err_vs_fp32": max(eager32),
-            "forced_max_rel_err": max(forced), "forced_argmax_equal": same_forced, "argmax_equal": same, "graph_rel_err": graph_err,
+            "forced_max_rel_err": max(forced),
+            "inductor_forced_max_rel_err": max(base) if base else None, "forced_argmax_equal": same_forced, "argmax_equal": same, "graph_rel_err": graph_err,
             "graph_replay_us": sorted(ts)[len(ts) // 2], "compile_s": round(compile_s, 1)}
 
 
@@ -124,6 +132,7 @@ def main():
     ap.add_argument("--ms", default="1,8")
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--inner", default="eager", choices=["eager", "inductor"])
+    ap.add_argument("--baseline", action="store_true", help="also plain Inductor, teacher-forced (bf16 noise)")
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
     rows = []
@@ -133,7 +142,7 @@ def main():
     for name in args.configs.split(","):
         for M in map(int, args.ms.split(",")):
             try:
-                rows.append(run(name, KimiK3Config.from_dict(configs[name]), M, args.steps, args.inner))
+                rows.append(run(name, KimiK3Config.from_dict(configs[name]), M, args.steps, args.inner, args.baseline))
             except Exception as e:  # keep going: one table with every outcome
                 rows.append({"config": name, "M": M, "error": f"{type(e).__name__}: {e}"[:300]})
             print(json.dumps(rows[-1]), flush=True)
@@ -141,7 +150,7 @@ def main():
         json.dump({"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
     # forced: every compiled step starts from eager's state (per-step error); free-running: vs eager, vs fp32
     print(f"\n{'config':<8} {'M':>3} {'forced':>9} {'f.argmax=':>9} {'vs eager':>9} {'vs fp32':>9} {'eager/fp32':>10} "
-          f"{'argmax=':>8} {'graph err':>10} {'replay us':>10}")
+          f"{'argmax=':>8} {'graph err':>10} {'replay us':>10} {'inductor forced':>15}")
     for r in rows:
         if "error" in r:
             print(f"{r['config']:<8} {r['M']:>3} ERROR {r['error']}")
@@ -149,7 +158,8 @@ def main():
             print(f"{r['config']:<8} {r['M']:>3} {r['forced_max_rel_err']:>9.2e} {str(r['forced_argmax_equal']):>9} "
                   f"{r['max_rel_err']:>9.2e} {r['max_rel_err_vs_fp32']:>9.2e} "
                   f"{r['eager_bf16_max_rel_err_vs_fp32']:>10.2e} {str(r['argmax_equal']):>8} "
-                  f"{r['graph_rel_err']:>10.2e} {r['graph_replay_us']:>10.1f}")
+                  f"{r['graph_rel_err']:>10.2e} {r['graph_replay_us']:>10.1f} "
+                  f"{r['inductor_forced_max_rel_err'] or float('nan'):>15.2e}")
 
 
 if __name__ == "__main__":
