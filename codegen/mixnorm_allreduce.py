@@ -13,10 +13,11 @@ The copy is 2 * H bytes per row from L2 (the GEMV just wrote it).
 Peer regions, epochs, flags and the timeout are described in compiler/peer_buffers.py and the template docstring.
 `check_error(peer)` raises if a kernel on this rank gave up waiting (then `peer.reset()` on every rank).
 
-Not wired yet. The intended wiring (codegen/registry.py's fused_residual_norm CUDA impl, group_name != ""): resolve
-the group, `peer = k3fuse.peer_buffers.for_group(group, H)` (collective; happens at the first eager call, so it
-must not be first reached inside a graph capture), and if `launch_ok(...)` is None call `fused_residual_norm_ar`,
-else keep the functional all-reduce path. codegen.compile.clear_memo() should clear this module's `_built` too.
+Not wired yet. The intended wiring: codegen/registry.py's fused_residual_norm CUDA impl calls
+`fused_residual_norm_ar_or_none(<the op's args>)` first when group_name != "" and uses its result unless None
+(None: the functional all-reduce path as now; it also covers addend_partial, which the functional CUDA path
+cannot). It resolves the group and the peer buffers (collective at the first call, so the first call must be an
+eager one, not inside a graph capture). codegen.compile.clear_memo() should clear this module's `_built` too.
 """
 from __future__ import annotations
 
@@ -31,13 +32,16 @@ TIMEOUT_NS = 2_000_000_000      # a rank that never arrives: give up after 2 s (
 
 
 def params(H: int, nb: int, world: int, has_addend: bool, has_prefix: bool, has_norm: bool, fp32_norm: bool,
-           mix_eps: float, norm_eps: float, max_m: int = 64, timeout_ns: int = TIMEOUT_NS) -> dict:
+           mix_eps: float, norm_eps: float, max_m: int = 64, timeout_ns: int = TIMEOUT_NS,
+           has_paddend: bool = False) -> dict:
     from k3fuse.peer_buffers import BufferLayout
     from .fused_residual_norm import mixnorm_params
     p = mixnorm_params(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps)
     p.pop("ALLREDUCE", None)
     p.update(BufferLayout(H, max_m, MAX_WORLD).template_params())
-    p.update(W=int(world), TIMEOUT_NS=int(timeout_ns))
+    if has_paddend and has_addend:
+        raise ValueError("one addend: either complete (added after the reduction) or partial (before)")
+    p.update(W=int(world), TIMEOUT_NS=int(timeout_ns), HAS_PADDEND=bool(has_paddend))
     return p
 
 
@@ -52,12 +56,12 @@ def supports(H: int, nb: int, world: int) -> Optional[str]:
 
 
 def render_source(H, nb, world, has_addend=False, has_prefix=True, has_norm=True, fp32_norm=False, mix_eps=1e-5,
-                  norm_eps=1e-5, max_m: int = 64, timeout_ns: int = TIMEOUT_NS) -> str:
+                  norm_eps=1e-5, max_m: int = 64, timeout_ns: int = TIMEOUT_NS, has_paddend: bool = False) -> str:
     why = supports(H, nb, world)
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **params(H, nb, world, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps,
-                                     max_m, timeout_ns))
+                                     max_m, timeout_ns, has_paddend))
 
 
 _built: dict = {}
@@ -65,18 +69,19 @@ _built: dict = {}
 
 def build(H, nb, world, has_addend=False, has_prefix=True, has_norm=True, fp32_norm=False, mix_eps=1e-5,
           norm_eps=1e-5, max_m: int = 64, timeout_ns: int = TIMEOUT_NS, arch: Optional[str] = None,
-          load: bool = True):
+          load: bool = True, has_paddend: bool = False):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = (H, nb, world, bool(has_addend), bool(has_prefix), bool(has_norm), bool(fp32_norm), float(mix_eps),
-            float(norm_eps), max_m, int(timeout_ns), arch, load)
+            float(norm_eps), max_m, int(timeout_ns), arch, load, bool(has_paddend))
     k = _built.get(memo)
     if k is None:
         src = render_source(H, nb, world, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps, max_m,
-                            timeout_ns)
+                            timeout_ns, has_paddend)
         meta = dict(family=FAMILY, op="k3fuse::fused_residual_norm", part="mixnorm_allreduce",
                     shape=dict(H=H, blocks=nb, world=world),
-                    flags=dict(addend=has_addend, prefix=has_prefix, norm=has_norm, fp32_norm=fp32_norm),
+                    flags=dict(addend=has_addend, prefix=has_prefix, norm=has_norm, fp32_norm=fp32_norm,
+                               addend_partial=has_paddend),
                     template=TEMPLATE)
         k = _built[memo] = compile_source(src, arch, load=load, meta=meta)
     return k
@@ -107,19 +112,23 @@ def gemv_into(o, w_o, y) -> None:
 
 
 def mixnorm_allreduce(y_part, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, peer, fp32_norm=False,
-                      out=None, new_prefix=None, timeout_ns: int = TIMEOUT_NS):
-    """Launch the all-reduce + mix-norm kernel on this rank's partial y_part [M, H] bf16 (rows 16-byte aligned)."""
+                      out=None, new_prefix=None, timeout_ns: int = TIMEOUT_NS, addend_partial: bool = False):
+    """Launch the all-reduce + mix-norm kernel on this rank's partial y_part [M, H] bf16 (rows 16-byte aligned).
+    With addend_partial the kernel publishes bf16(addend + y_part) (this rank's share, reduced with the rest)."""
     import torch
     M, H = y_part.shape
+    paddend = addend if (addend is not None and addend_partial) else None
+    if paddend is not None:
+        addend = None
     k = build(H, len(blocks), peer.world, addend is not None, prefix is not None, norm_w is not None, fp32_norm,
-              mix_eps, norm_eps, peer.layout.max_m, timeout_ns)
+              mix_eps, norm_eps, peer.layout.max_m, timeout_ns, has_paddend=paddend is not None)
     dev = y_part.device
     if out is None:
         out = torch.empty(M, H, dtype=torch.bfloat16 if norm_w is not None else torch.float32, device=dev)
     if new_prefix is None:
         new_prefix = torch.empty(M, H, dtype=torch.bfloat16, device=dev)
     wm = w_mix if (w_mix.dtype == torch.float32 and w_mix.is_contiguous()) else w_mix.float().contiguous()
-    args = [y_part] + [t for t in (addend, prefix) if t is not None] + list(blocks) + [wm]
+    args = [y_part] + [t for t in (paddend, addend, prefix) if t is not None] + list(blocks) + [wm]
     if norm_w is not None:
         args.append(norm_w)
     k(*args, out, new_prefix, peer.ptrs, peer.counters())
@@ -131,22 +140,47 @@ def fused_residual_norm_ar(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_ep
                            timeout_ns: int = TIMEOUT_NS):
     """k3fuse::fused_residual_norm on one rank of peer's group (group_name != ""): o [M, K/W] this rank's slice of
     the o_proj input, w_o [H, K/W] its weight slice; the rest as in compiler/ops.py. Returns (normed, new_prefix),
-    equal on every rank. With addend_partial the addend is this rank's share, added before the reduction.
+    equal on every rank. With addend_partial the addend is this rank's share, added before the reduction (inside
+    the kernel, at the publish: bf16(addend + y) as the reference rounds it).
     The caller checked launch_ok(); call check_error(peer) where a failed wait should surface (it syncs)."""
     M = o.shape[0]
     y = peer.partial[:M]
     gemv_into(o, w_o, y)
-    if addend is not None and addend_partial:
-        y.add_(addend)            # bf16(addend + y), as the reference does before its all-reduce
-        addend = None
     return mixnorm_allreduce(y, addend, prefix, list(blocks), w_mix, norm_w, mix_eps, norm_eps, peer, fp32_norm,
-                             out, new_prefix, timeout_ns)
+                             out, new_prefix, timeout_ns, addend_partial)
 
 
-def check_error(peer) -> None:
-    """Raise RuntimeError if a kernel on this rank timed out waiting for a peer (synchronizes the device)."""
-    e = peer.error()
+def fused_residual_norm_ar_or_none(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
+                                   fp32_norm, addend_partial=False):
+    """k3fuse::fused_residual_norm's arguments (compiler/ops.py) -> (normed, new_prefix) through the in-kernel
+    all-reduce, or None where it does not apply (K3FUSE_INKERNEL_COLLECTIVES != "1", no group, world 1 or
+    > MAX_WORLD, not CUDA, shapes / dtypes / alignment the kernels do not take, M > the peer buffers' max_m).
+    None leaves the caller's functional path; the answer is the same on every rank (see peer_buffers.resolve).
+    addend_partial: the addend is this rank's share (the MoE split's routed slice), reduced with the GEMV partial.
+    A recorded timeout is not checked here (that syncs): the caller runs check_error(peer) where it may sync."""
+    from k3fuse import peer_buffers as pbuf
+    from .fused_residual_norm import launch_ok as mixnorm_launch_ok
+    if not group_name or not pbuf.inkernel_enabled():
+        return None
+    if o.dim() != 2 or w_o.dim() != 2 or not 0 < o.shape[0] <= pbuf.MAX_M or o.device.type != "cuda":
+        return None
+    if mixnorm_launch_ok(o, w_o, addend, prefix, blocks, norm_w):
+        return None
+    peer, _why = pbuf.resolve(group_name, o.device, hidden=w_o.shape[0])
+    if peer is None or launch_ok(o, w_o, addend, prefix, blocks, norm_w, peer):
+        return None
+    return fused_residual_norm_ar(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, peer, fp32_norm,
+                                  addend_partial=addend_partial)
+
+
+_WHAT = {"allreduce": "all-reduce", "allgather": "all-gather"}
+
+
+def check_error(peer, kind: str = "allreduce") -> None:
+    """Raise RuntimeError if a `kind` kernel ("allreduce" or "allgather") on this rank timed out waiting for a peer
+    (synchronizes the device)."""
+    e = peer.error(kind)
     if e is not None:
         raise RuntimeError(
-            f"in-kernel all-reduce timed out on rank {e['rank']} of {peer.world}: row {e['row']} never got peer "
+            f"in-kernel {_WHAT[kind]} timed out on rank {e['rank']} of {peer.world}: row {e['row']} never got peer "
             f"{e['missing_src']}'s flag for epoch {e['epoch']} (peer.reset() on every rank before the next step)")

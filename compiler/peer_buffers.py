@@ -1,4 +1,5 @@
-"""Peer-mapped staging buffers for in-kernel all-reduces (codegen/mixnorm_allreduce.py).
+"""Peer-mapped staging buffers for the in-kernel collectives (codegen/mixnorm_allreduce.py: all-reduce + mix-norm;
+codegen/allgather_oneshot.py: all-gather).
 
 Every rank of a tensor-parallel group owns one region of bytes that every other rank can load from and store to
 (NVLink peer mappings). Its layout (`BufferLayout`, the kernels bake the same offsets in):
@@ -8,6 +9,12 @@ Every rank of a tensor-parallel group owns one region of bytes that every other 
                                    `src` published `row` of its partial into its slot (written BY the peers)
     [cnt_off, +CNT_WORDS * 4)      counters int32: epoch, CTA arrival count, error record, this rank's id
                                    (local use only; peers never touch them)
+  the all-gather's own copy of the same three parts, so the two collectives never share a slot, a flag or an
+  epoch (they run in the same step, in any interleaving across ranks; separate state needs no proof):
+    [ag_off, +2 * ag_slot_bytes)   2 gather slots, each max_m rows of up to ag_row_cap bytes (rows packed at the
+                                   kernel's chunk width)
+    [ag_flag_off, +flag_bytes)     gather flags int32 [max_world, max_m]
+    [ag_cnt_off, +CNT_WORDS * 4)   gather counters (same word meanings)
 
 `ptrs` is a device int64 tensor [world] of the regions' base addresses as this process sees them (own one
 included); a kernel gets it and the rank id and derives every peer address from it.
@@ -45,6 +52,7 @@ CNT_WORDS = 16      # counter area, int32 words
 # counter word indices (the template uses the same numbers)
 C_EPOCH, C_ARRIVE, C_ERR, C_ERR_RANK, C_ERR_ROW, C_ERR_SRC, C_ERR_EPOCH, C_RANK = range(8)
 ERR_TIMEOUT = 1
+COLLECTIVES = ("allreduce", "allgather")
 
 
 def _round_up(x: int, a: int) -> int:
@@ -56,6 +64,7 @@ class BufferLayout:
     hidden: int
     max_m: int = MAX_M
     max_world: int = MAX_WORLD
+    gather_row_bytes: int = 0           # the largest per-rank row an all-gather may carry; 0: one bf16 row of hidden
 
     @property
     def row_bytes(self) -> int:          # one bf16 row in a slot (rows are packed at this stride)
@@ -77,13 +86,47 @@ class BufferLayout:
     def cnt_off(self) -> int:
         return self.flag_off + self.flag_bytes
 
+    # -- the all-gather's part (after the all-reduce's, whose offsets stay what they were)
+    @property
+    def ag_row_cap(self) -> int:
+        return _round_up(self.gather_row_bytes or self.hidden * 2, 16)
+
+    @property
+    def ag_slot_bytes(self) -> int:
+        return _round_up(self.max_m * self.ag_row_cap, 256)
+
+    @property
+    def ag_off(self) -> int:
+        return _round_up(self.cnt_off + CNT_WORDS * 4, 256)
+
+    @property
+    def ag_flag_off(self) -> int:
+        return self.ag_off + 2 * self.ag_slot_bytes
+
+    @property
+    def ag_cnt_off(self) -> int:
+        return self.ag_flag_off + self.flag_bytes
+
     @property
     def total_bytes(self) -> int:
-        return _round_up(self.cnt_off + CNT_WORDS * 4, 256)
+        return _round_up(self.ag_cnt_off + CNT_WORDS * 4, 256)
+
+    def flag_cnt_offsets(self, kind: str = "allreduce") -> tuple[int, int]:
+        if kind not in COLLECTIVES:
+            raise ValueError(f"unknown collective {kind!r}")
+        return (self.flag_off, self.cnt_off) if kind == "allreduce" else (self.ag_flag_off, self.ag_cnt_off)
 
     def template_params(self) -> dict:
         return dict(MAX_M=self.max_m, MAX_WORLD=self.max_world, SLOT_BYTES=self.slot_bytes,
                     ROW_BYTES=self.row_bytes, FLAG_OFF=self.flag_off, CNT_OFF=self.cnt_off)
+
+    def gather_template_params(self, chunk_bytes: int) -> dict:
+        """Offsets of the all-gather kernel for rows of chunk_bytes (packed at that stride in a slot)."""
+        if chunk_bytes % 16 or not 0 < chunk_bytes <= self.ag_row_cap:
+            raise ValueError(f"gather row of {chunk_bytes} B: needs a multiple of 16 in 16..{self.ag_row_cap}")
+        return dict(MAX_M=self.max_m, MAX_WORLD=self.max_world, SLOT_OFF=self.ag_off,
+                    SLOT_BYTES=self.ag_slot_bytes, ROW_BYTES=chunk_bytes, FLAG_OFF=self.ag_flag_off,
+                    CNT_OFF=self.ag_cnt_off)
 
 
 class PeerBuffers:
@@ -108,15 +151,21 @@ class PeerBuffers:
         self.partial = torch.empty(layout.max_m, layout.hidden, dtype=torch.bfloat16, device=self.device)
         self._init_counters()
 
-    # -- views of this rank's own region
-    def counters(self) -> torch.Tensor:
-        L = self.layout
-        return self.region[L.cnt_off:L.cnt_off + CNT_WORDS * 4].view(torch.int32)
+    # -- views of this rank's own region (kind: "allreduce" or "allgather", each has its own flags and counters)
+    def counters(self, kind: str = "allreduce") -> torch.Tensor:
+        off = self.layout.flag_cnt_offsets(kind)[1]
+        return self.region[off:off + CNT_WORDS * 4].view(torch.int32)
 
-    def flags(self) -> torch.Tensor:
+    def flags(self, kind: str = "allreduce") -> torch.Tensor:
         L = self.layout
-        return self.region[L.flag_off:L.flag_off + L.max_world * L.max_m * 4].view(torch.int32).view(
-            L.max_world, L.max_m)
+        off = L.flag_cnt_offsets(kind)[0]
+        return self.region[off:off + L.max_world * L.max_m * 4].view(torch.int32).view(L.max_world, L.max_m)
+
+    def gather_slot(self, s: int, M: int, chunk_bytes: int) -> torch.Tensor:
+        """All-gather slot s (0 or 1) as uint8 [M, chunk_bytes] rows."""
+        L = self.layout
+        off = L.ag_off + s * L.ag_slot_bytes
+        return self.region[off:off + M * chunk_bytes].view(M, chunk_bytes)
 
     def slot(self, s: int, M: Optional[int] = None) -> torch.Tensor:
         """Slot s (0 or 1) as bf16 [M, hidden] rows."""
@@ -127,26 +176,28 @@ class PeerBuffers:
 
     # -- state
     def _init_counters(self) -> None:
-        self.flags().zero_()
-        c = self.counters()
-        c.zero_()
-        c[C_EPOCH] = 1
-        c[C_RANK] = self.rank
+        for kind in COLLECTIVES:
+            self.flags(kind).zero_()
+            c = self.counters(kind)
+            c.zero_()
+            c[C_EPOCH] = 1
+            c[C_RANK] = self.rank
 
-    def epoch(self) -> int:
-        return int(self.counters()[C_EPOCH].item())
+    def epoch(self, kind: str = "allreduce") -> int:
+        return int(self.counters(kind)[C_EPOCH].item())
 
-    def error(self) -> Optional[dict]:
-        """The first error the kernels recorded on this rank, or None."""
-        c = self.counters().tolist()
+    def error(self, kind: str = "allreduce") -> Optional[dict]:
+        """The first error the `kind` kernels recorded on this rank, or None."""
+        c = self.counters(kind).tolist()
         if c[C_ERR] == 0:
             return None
         return dict(code=c[C_ERR], rank=c[C_ERR_RANK], row=c[C_ERR_ROW], missing_src=c[C_ERR_SRC],
                     epoch=c[C_ERR_EPOCH])
 
     def reset(self) -> None:
-        """Zero flags and counters, epoch back to 1. Collective: every rank must call it with no kernel in flight
-        (the symmetric backend brackets it with group barriers so no peer flags a zeroed region early)."""
+        """Zero flags and counters of both collectives, epochs back to 1. Collective: every rank must call it with
+        no kernel in flight (the symmetric backend brackets it with group barriers so no peer flags a zeroed
+        region early)."""
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         self._barrier()
@@ -198,6 +249,13 @@ def emulated_world(world: int, hidden: int = 7168, max_m: int = MAX_M, device="c
             for r in range(world)]
 
 
+ENV_FLAG = "K3FUSE_INKERNEL_COLLECTIVES"     # "1": the registry may route collectives to the in-kernel path
+
+
+def inkernel_enabled() -> bool:
+    return os.environ.get(ENV_FLAG) == "1"
+
+
 _by_group: dict = {}
 
 
@@ -210,3 +268,39 @@ def for_group(group=None, hidden: int = 7168, max_m: int = MAX_M) -> PeerBuffers
     if pb is None:
         pb = _by_group[key] = PeerBuffers.symmetric(group, hidden, max_m)
     return pb
+
+
+def resolve(group_name: str, device, hidden: int = 7168, max_m: int = MAX_M):
+    """(PeerBuffers, None) for the group named by a functional collective's group_name, or (None, why not).
+
+    Every rank of a group reaches the same answer for the same call (it depends on the environment flag, the group
+    and the shapes the caller checked, all equal across ranks), which the kernels need: a rank that took the
+    in-kernel path while a peer took NCCL would wait for flags that never come (and time out). The first call
+    per (group, hidden, max_m) allocates and rendezvous collectively: make it outside a CUDA-graph capture (the
+    eager warm-up step does); inside a capture with no buffers yet this returns (None, ...) on every rank."""
+    if not inkernel_enabled():
+        return None, f"{ENV_FLAG} != 1"
+    if not group_name:
+        return None, "no process group (TP = 1)"
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None, "not a CUDA tensor"
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return None, "torch.distributed not initialised"
+    from torch.distributed.distributed_c10d import _resolve_process_group
+    try:
+        group = _resolve_process_group(group_name)
+    except Exception as e:    # an unknown name: let the functional collective raise its own error
+        return None, f"group {group_name!r} not resolvable: {e}"
+    world = dist.get_world_size(group)
+    if world == 1:
+        return None, "world size 1"
+    if world > MAX_WORLD:
+        return None, f"world size {world} > {MAX_WORLD}"
+    if device.index is not None and device.index != torch.cuda.current_device():
+        return None, "tensor not on the current CUDA device"
+    key = (group.group_name, hidden, max_m)
+    if key not in _by_group and torch.cuda.is_current_stream_capturing():
+        return None, "peer buffers not created yet and a CUDA graph is being captured"
+    return for_group(group, hidden, max_m), None
