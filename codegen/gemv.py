@@ -288,3 +288,102 @@ def linear(x, w, cfg: Optional[dict] = None, out=None):
     y = out if out is not None else torch.empty(M, N, dtype=x.dtype, device=x.device)
     k(x, w, y)
     return y
+
+
+# ------------------------------------------------------------------------------------------ grouped GEMV
+# k3fuse::linear_group: G weights [N_i, K] that read the same x, in ONE launch (pass fuse_shared_input_linears).
+# The same templates with a GROUP list (absent for single GEMVs, whose sources and cache keys do not change).
+# Config: the single-GEMV config (tuning table / heuristic, route) of the concatenated shape, with every member
+# padded to 16 rows (what the kernel's CTAs cover: 3206 -> 3216 rows for the KDA group at TP16); pdl is dropped
+# (the prefetch prologue covers one weight tensor). Each member gets ceil(N_i / rows per CTA) CTAs.
+GROUP_MAX = 8      # member pointers are selected by a chain of G - 1 compares
+
+
+def _group_rows(Ns) -> int:
+    return sum(-(-n // 16) * 16 for n in Ns)
+
+
+def _group_cfg(cfg: dict) -> dict:
+    return {k: v for k, v in cfg.items() if k != "pdl"}
+
+
+def group_supports(Ns, K: int, bucket: Optional[int], cfg: Optional[dict] = None) -> Optional[str]:
+    """None if a grouped kernel exists for these members, else why not."""
+    if not 2 <= len(Ns) <= GROUP_MAX:
+        return f"{len(Ns)} members (grouped kernels take 2..{GROUP_MAX})"
+    if min(Ns) < 1:
+        return "an empty member"
+    why = supports(_group_rows(Ns), K, bucket, cfg)
+    if why:
+        return why
+    if cfg is not None and cfg["variant"] == "mma" and cfg.get("WN", 1) * cfg.get("RT", 1) > 1 and min(Ns) < 16:
+        return "a member smaller than one 16-row tile with a multi-tile CTA"
+    return None
+
+
+def group_route(Ns, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[dict], str]:
+    """(config, "") for one grouped launch, or (None, reason): where the concatenated shape routes to cuBLAS,
+    the group falls back too."""
+    bucket = bucket_for(M)
+    why = group_supports(Ns, K, bucket)
+    if why:
+        return None, why
+    cfg, why = route(_group_rows(Ns), K, M, gpu)
+    if cfg is None:
+        return None, why
+    cfg = _group_cfg(cfg)
+    why = group_supports(Ns, K, bucket, cfg)
+    return (None, why) if why else (cfg, "")
+
+
+def group_config_for(Ns, K: int, bucket: int, gpu: Optional[str] = None) -> dict:
+    return _group_cfg(config_for(_group_rows(Ns), K, bucket, gpu))
+
+
+def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None) -> tuple[str, str, dict]:
+    Ns = [int(n) for n in Ns]
+    cfg = _clean(_group_cfg(cfg or group_config_for(Ns, K, bucket)))
+    why = group_supports(Ns, K, bucket, cfg)
+    if why:
+        raise ValueError(why)
+    template = f"gemv_{cfg['variant']}.py.jinja"
+    params = template_params(sum(Ns), K, bucket, cfg)
+    tile = cfg["R"] if cfg["variant"] == "simt" else 16 * cfg.get("RT", 1) * cfg.get("WN", 1)
+    group, t0 = [], 0
+    for n in Ns:
+        t = -(-n // tile)
+        group.append(dict(N=n, T0=t0, T=t))
+        t0 += t
+    params.update(GROUP=group, GPRED=any(n % tile for n in Ns))
+    if cfg["variant"] == "mma":
+        params["PRED_N"] = False     # per-member row predication (GPRED) instead
+    return template, render(template, **params), cfg
+
+
+def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optional[str] = None,
+                load: bool = True):
+    from .compile import compile_source, current_arch
+    arch = arch or current_arch()
+    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load)
+    k = _built.get(memo)
+    if k is not None:
+        return k
+    template, src, cfg = render_group_source(Ns, K, bucket, cfg)
+    meta = dict(family=FAMILY, op="k3fuse::linear_group", shape=dict(N=list(Ns), K=K), bucket=bucket, config=cfg,
+                template=template)
+    k = compile_source(src, arch, load=load, meta=meta)
+    _built[memo] = k
+    return k
+
+
+def linear_group(x, ws, cfg: Optional[dict] = None, outs=None):
+    """[x @ w^T for w in ws] in one launch on the current stream. x [M, K] bf16 contiguous, each w [N_i, K] bf16
+    contiguous and 16-byte aligned, M <= 64."""
+    import torch
+    M, K = x.shape
+    Ns = [w.shape[0] for w in ws]
+    bucket = bucket_for(M)
+    k = build_group(Ns, K, bucket, cfg or group_config_for(Ns, K, bucket))
+    ys = outs if outs is not None else [torch.empty(M, n, dtype=x.dtype, device=x.device) for n in Ns]
+    k(x, *ws, *ys)
+    return ys

@@ -47,6 +47,22 @@ def gemm_shapes(cfg, tp: int) -> dict[str, tuple[int, int]]:
     return sh
 
 
+def group_shapes(cfg, tp: int) -> dict[str, tuple[list[int], int]]:
+    """Per-rank k3fuse::linear_group members ([N_i], K) that pass fuse_shared_input_linears forms (see its
+    docstring): the KDA and MLA projections of the normed input; the MoE's routed down + shared gate_up at TP = 1
+    only (under TP the MoE split takes them apart first)."""
+    H = cfg.hidden_size
+    P = cfg.kda_proj_size
+    nh = cfg.num_attention_heads
+    out = {
+        "kda.q_k_v_g_fa_b": ([P // tp] * 4 + [cfg.kda_head_dim, cfg.num_kda_heads // tp], H),
+        "mla.qa_kva_g": ([cfg.q_lora_rank, cfg.kv_lora_rank + cfg.qk_rope_head_dim, nh // tp * cfg.v_head_dim], H),
+    }
+    if tp == 1:
+        out["moe.down_sharedgateup"] = ([cfg.routed_expert_hidden_size, 2 * cfg.shared_intermediate_size], H)
+    return out
+
+
 def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict], list[dict]]:
     """Kernel jobs for a config: (jobs, skipped)."""
     from k3fuse.models.config import KimiK3Config
@@ -76,6 +92,18 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                              config=c, name=f"gemv_{c['variant']}_{N}x{K}_b{b}",
                              used_at_runtime=routed is not None, note=why_not or "")
             jobs.append(seen[key])
+    for name, (Ns, K) in group_shapes(cfg, tp).items():
+        for b in buckets:
+            why = gemv.group_supports(Ns, K, b)
+            if why:
+                skipped.append(dict(op="k3fuse::linear_group", name=name, shape=dict(N=Ns, K=K), bucket=b,
+                                    reason=why))
+                continue
+            c = gemv.group_config_for(Ns, K, b, gpu=_gpu_for(arch))
+            routed, why_not = gemv.group_route(Ns, K, b, gpu=_gpu_for(arch))
+            jobs.append(dict(family="gemv", op="k3fuse::linear_group", uses=[name], shape=dict(N=Ns, K=K), bucket=b,
+                             config=c, name=f"gemv_group_{c['variant']}_{'-'.join(map(str, Ns))}x{K}_b{b}",
+                             used_at_runtime=routed is not None, note=why_not or "K3FUSE_GROUPED_GEMV=1 only"))
     H = cfg.hidden_size
     nb_max = min(cfg.num_attn_res_blocks, frn.MAX_BLOCKS)   # a mix sees up to ceil(l / B) blocks
     for addend in (False, True):
@@ -130,6 +158,9 @@ def _gpu_for(arch: str) -> Optional[str]:
 def build_job(job: dict, arch: str):
     from . import fused_residual_norm as frn
     from . import gemv, prefetch
+    if job["family"] == "gemv" and job["op"] == "k3fuse::linear_group":
+        s = job["shape"]
+        return gemv.build_group(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False)
     if job["family"] == "gemv":
         s = job["shape"]
         return gemv.build(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False)

@@ -7,6 +7,9 @@
 registers, with torch.library.register_kernel(..., "cuda", ...):
   k3fuse::linear               GEMV family for M <= 64 where a kernel exists and the tuning table does not
                                prefer cuBLAS; else the unfused path (cuBLAS F.linear for bf16, the reference otherwise)
+  k3fuse::linear_group         with K3FUSE_GROUPED_GEMV=1: one grouped GEMV launch over all the weights (same routing
+                               as one GEMV of the concatenated shape); otherwise, or where it does not apply, one
+                               k3fuse::linear CUDA call per weight (what the separate linears did before the pass)
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel
   k3fuse::prefetch_l2          bulk L2 prefetch on a side stream
   k3fuse::kda_recurrent, mla_attention, moe_experts   (kda_recurrent.py, mla_attention.py, moe_experts.py)
@@ -111,6 +114,46 @@ def linear_cuda(x, weight):
     return y.reshape(*x.shape[:-1], N)
 
 
+# ------------------------------------------------------------------------------------------- linear_group
+def grouped_gemv_enabled() -> bool:
+    """Opt-in until the grouped kernel is timed on the H200 (K3FUSE_GROUPED_GEMV=1)."""
+    return os.environ.get("K3FUSE_GROUPED_GEMV", "0") == "1"
+
+
+def linear_group_cuda(x, weights):
+    import torch
+    from . import gemv
+    from .prefetch import join_pending
+    op = "k3fuse::linear_group"
+    K = x.shape[-1]
+    M = x.numel() // K if K else 0
+    reason = None
+    if not grouped_gemv_enabled():
+        reason = "K3FUSE_GROUPED_GEMV is not 1 (one k3fuse::linear per weight)"
+    elif x.dtype != torch.bfloat16 or any(w.dtype != torch.bfloat16 for w in weights):
+        reason = f"dtype {x.dtype}/{sorted({str(w.dtype) for w in weights})} (kernels are bf16)"
+    elif not 1 <= M <= MAX_M:
+        reason = f"M={M} outside 1..{MAX_M}"
+    elif any(not w.is_contiguous() or w.data_ptr() % 16 or w.dim() != 2 for w in weights):
+        reason = "a weight not contiguous, 2-D and 16-byte aligned"
+    elif not _env_ok(op, x.device):
+        reason = "no kernel environment"
+    cfg = None
+    if reason is None:
+        cfg, why = gemv.group_route([w.shape[0] for w in weights], K, M)
+        if cfg is None:
+            reason = f"{[w.shape[0] for w in weights]}x{K}: {why}"
+    if reason is not None:
+        log_fallback(op, reason)
+        return [linear_cuda(x, w) for w in weights]
+    join_pending()
+    x2 = x.reshape(M, K)
+    if not x2.is_contiguous() or x2.data_ptr() % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)
+    ys = gemv.linear_group(x2, list(weights), cfg)
+    return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys]
+
+
 # ------------------------------------------------------------------------------------- fused_residual_norm
 def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
                              fp32_norm, addend_partial=False):
@@ -209,6 +252,7 @@ OPTIONAL_IMPLS = {
 
 IMPLS = {
     "k3fuse::linear": linear_cuda,
+    "k3fuse::linear_group": linear_group_cuda,
     "k3fuse::fused_residual_norm": fused_residual_norm_cuda,
     "k3fuse::prefetch_l2": prefetch_l2_cuda,
     "k3fuse::side_linear_situ": streams.side_linear_situ_cuda,

@@ -50,6 +50,18 @@ def _(x, weight):
     return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 
+@torch.library.custom_op(f"{LIB}::linear_group", mutates_args=())
+def linear_group(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+    """[linear(x, w) for w in weights]: GEMVs that share their input (pass `fuse_shared_input_linears`), one
+    launch on CUDA. The same math per weight as `linear`, so the values are bit-identical to separate calls."""
+    return [(x.float() @ w.float().t()).to(x.dtype) for w in weights]
+
+
+@linear_group.register_fake
+def _(x, weights):
+    return [x.new_empty(*x.shape[:-1], w.shape[0]) for w in weights]
+
+
 @torch.library.custom_op(f"{LIB}::rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
     """Normalize in fp32, cast to out_dtype, multiply by weight (K3_MODEL.md notation)."""
@@ -269,6 +281,7 @@ def _(x):
 
 OPS = {
     "linear": torch.ops.k3fuse.linear.default,
+    "linear_group": torch.ops.k3fuse.linear_group.default,
     "rms_norm": torch.ops.k3fuse.rms_norm.default,
     "situ_glu": torch.ops.k3fuse.situ_glu.default,
     "attnres_mix": torch.ops.k3fuse.attnres_mix.default,

@@ -22,9 +22,10 @@ from .base import K3FusePass, PassContext
 k3 = torch.ops.k3fuse
 c10d = torch.ops._c10d_functional
 
-# op -> positions of its weight operands (placeholders read from HBM)
+# op -> positions of its weight operands (placeholders read from HBM; a list operand: each of its weights)
 WEIGHT_ARGS = {
     k3.linear.default: (1,),
+    k3.linear_group.default: (1,),
     k3.router_logits.default: (1,),
     k3.router_topk.default: (1,),
     k3.fused_residual_norm.default: (1,),
@@ -81,12 +82,14 @@ class InsertPrefetch(K3FusePass):
             picked, budget = [], ctx.prefetch_budget_bytes
             for consumer in sorted(nx.descendants(dep, c) - nxt, key=order.__getitem__):
                 for i in WEIGHT_ARGS.get(consumer.target, ()):
-                    w = _weight(consumer.args[i])
-                    if w is None or w in done or _nbytes(w) > budget:
-                        continue
-                    picked.append(w)
-                    done.add(w)
-                    budget -= _nbytes(w)
+                    ops_i = consumer.args[i]
+                    for w in (ops_i if isinstance(ops_i, (list, tuple)) else [ops_i]):
+                        w = _weight(w)
+                        if w is None or w in done or _nbytes(w) > budget:
+                            continue
+                        picked.append(w)
+                        done.add(w)
+                        budget -= _nbytes(w)
             if not picked:
                 continue
             dev = picked[0].meta["val"].device
