@@ -360,6 +360,24 @@ def bench_frn(results, copy_bw):
                 log(json.dumps(row))
 
 
+def bench_router_topk(results):
+    """k3fuse::topk_from_logits kernel vs the reference ops (sigmoid, + bias, ATen topk, gather, renorm), graphed."""
+    from k3fuse import ops
+    from k3fuse.codegen import router_topk as rt
+    for E, k in ((896, 16), (896, 8)):
+        for M in (1, 8, 64):
+            logits = torch.randn(M, E, device="cuda") * 2
+            bias = torch.randn(E, device="cuda") * 0.05
+            ids, w = rt.topk_from_logits(logits, bias, k, True, 2.5)
+            rids, rw = ops.topk_from_logits._init_fn(logits, bias, k, True, 2.5)
+            ok = bool(torch.equal(ids, rids)) and rel_err(w, rw) < 1e-5
+            t_k, _ = graph_time(lambda i: rt.topk_from_logits(logits, bias, k, True, 2.5))
+            t_r, _ = graph_time(lambda i: ops.topk_from_logits._init_fn(logits, bias, k, True, 2.5))
+            row = dict(family="router_topk", E=E, k=k, M=M, ok=ok, us=t_k, ref_us=t_r)
+            results.append(row)
+            log(f"router_topk E={E} k={k} M={M}: ok={ok} kernel {t_k:.2f} us, reference ops {t_r:.2f} us")
+
+
 def bench_prefetch(results, copy_bw):
     """prefetch_l2: graph-capturable on a side stream; effect on a GEMV whose weight was evicted from L2."""
     from k3fuse.codegen import gemv, prefetch
@@ -570,7 +588,7 @@ def main(argv=None):
             log("FAMILY FAILED pdl", traceback.format_exc()[-2000:])
     for fam, fn in (("frn", lambda: bench_frn(results, copy_bw)), ("prefetch", lambda: bench_prefetch(results, copy_bw)),
                     ("fused", lambda: bench_fused(results, copy_bw)),
-                    ("registry", lambda: check_registry(results))):
+                    ("registry", lambda: check_registry(results)), ("router_topk", lambda: bench_router_topk(results))):
         if fam in fams:
             try:
                 fn()

@@ -1,0 +1,113 @@
+"""Kernel family: the router's top-k (k3fuse::topk_from_logits, and the selection half of k3fuse::router_topk).
+
+One launch, one CTA per token (templates/router_topk.py.jinja): sigmoid, + correction bias, top-k by k rounds of
+a block-wide Int64 max, the chosen sigmoid scores renormalised and scaled. Memory: the [M, E] fp32 logits once
+(3.5 KB per token at E = 896): it is latency-bound, and it replaces ATen's topk (gatherTopK + bitonicSort, 13.4 us
+at E = 896, k = 16 on the H200) and the elementwise kernels around it.
+
+EXPERIMENTAL: compiled for sm_90a / sm_100a in CI; NOT run on a GPU yet (tests/test_router_topk_gpu.py is written).
+Registered only with K3FUSE_EXPERIMENTAL_KERNELS=router_topk (see IMPLS and codegen/registry.py).
+
+Compile key: the rendered source (E, k, renormalize, scale, threads) + arch; M is a runtime dimension.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from .render import render
+
+FAMILY = "router_topk"
+TEMPLATE = "router_topk.py.jinja"
+OP = "k3fuse::topk_from_logits"
+MAX_E = 4096
+MAX_K = 32            # the final scores are reduced by one warp
+
+
+def supports(E: int, k: int) -> Optional[str]:
+    if not 1 <= k <= MAX_K:
+        return f"top_k={k} (kernel for 1..{MAX_K})"
+    if not k <= E <= MAX_E:
+        return f"E={E} experts (kernel for k..{MAX_E})"
+    return None
+
+
+def threads_for(E: int) -> int:
+    """Enough threads for <= 4 experts each (E = 896: 256 threads x 4), at least one warp, at most 1024."""
+    return min(1024, max(32, 32 * math.ceil(E / 4 / 32)))
+
+
+def template_params(E: int, k: int, renormalize: bool, scale: float) -> dict:
+    t = threads_for(E)
+    return dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), THREADS=t, VPT=math.ceil(E / t))
+
+
+def render_source(E: int, k: int, renormalize: bool = True, scale: float = 1.0) -> str:
+    why = supports(E, k)
+    if why:
+        raise ValueError(why)
+    return render(TEMPLATE, **template_params(E, k, renormalize, scale))
+
+
+_built: dict = {}
+
+
+def build(E: int, k: int, renormalize: bool = True, scale: float = 1.0, arch: Optional[str] = None,
+          load: bool = True):
+    from .compile import compile_source, current_arch
+    arch = arch or current_arch()
+    memo = (E, k, bool(renormalize), float(scale), arch, load)
+    if memo not in _built:
+        meta = dict(family=FAMILY, op=OP, shape=dict(E=E, k=k), template=TEMPLATE,
+                    config=dict(renormalize=bool(renormalize), scale=float(scale), threads=threads_for(E)))
+        _built[memo] = compile_source(render_source(E, k, renormalize, scale), arch, load=load, meta=meta)
+    return _built[memo]
+
+
+def launch_ok(logits, bias, top_k) -> Optional[str]:
+    import torch
+    if logits.dim() != 2:
+        return f"logits are {logits.dim()}-D, not [M, E]"
+    M, E = logits.shape
+    why = supports(E, top_k)
+    if why:
+        return why
+    if M == 0:
+        return "empty batch"
+    if bias.numel() != E:
+        return f"bias has {bias.numel()} entries for {E} experts"
+    if logits.device != bias.device:
+        return "logits and bias on different devices"
+    if logits.dtype != torch.float32:
+        return f"logits are {logits.dtype} (the kernel reads fp32)"
+    return None
+
+
+def topk_from_logits(logits, bias, top_k, renormalize, scale):
+    """Launch (caller checked launch_ok()). Returns (ids [M, k] int64, weights [M, k] fp32)."""
+    import torch
+    M, E = logits.shape
+    kern = build(E, top_k, renormalize, scale)
+    lg = logits if logits.is_contiguous() and logits.data_ptr() % 16 == 0 else logits.contiguous().clone()
+    b = bias.float().contiguous()
+    if b.data_ptr() % 16:
+        b = b.clone()
+    ids = torch.empty(M, top_k, dtype=torch.int64, device=logits.device)
+    w = torch.empty(M, top_k, dtype=torch.float32, device=logits.device)
+    kern(lg, b, ids, w)
+    return ids, w
+
+
+def topk_from_logits_cuda(logits, bias, top_k, renormalize, scale):
+    """CUDA implementation of k3fuse::topk_from_logits; the reference where the kernel does not apply."""
+    from k3fuse import ops
+    from .registry import _env_ok, log_fallback
+    why = launch_ok(logits, bias, top_k)
+    if why is not None:
+        log_fallback(OP, why)
+    if why is not None or not _env_ok(OP, logits.device):       # _env_ok logs its own reason once
+        return ops.topk_from_logits._init_fn(logits, bias, top_k, renormalize, scale)
+    return topk_from_logits(logits, bias, top_k, renormalize, scale)
+
+
+IMPLS = {OP: topk_from_logits_cuda}

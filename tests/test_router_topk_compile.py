@@ -1,0 +1,71 @@
+"""k3fuse::topk_from_logits kernel (codegen/router_topk.py): renders and compiles for sm_90a and sm_100a without a
+GPU for K3's routers (896 experts, top-16, at TP1 and after the MoE split's gather), and the candidate packing
+it relies on orders keys and breaks ties like the reference would."""
+import re
+
+import numpy as np
+import pytest
+
+pytest.importorskip("cutlass")
+
+from k3fuse.codegen import compile as kcompile  # noqa: E402
+from k3fuse.codegen import router_topk as rt  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("isolated_kernel_cache")
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+@pytest.mark.parametrize("E,k,renorm", [(896, 16, True), (8, 3, False), (1000, 32, True)])
+def test_router_topk_compiles(arch, E, k, renorm):
+    kern = rt.build(E, k, renorm, 2.5, arch=arch, load=False)
+    ptx = open(kern.files["kernel.ptx"]).read()
+    assert f".target {arch}" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx          # candidates stay in registers
+    assert len(re.findall(r"\bbar(?:rier)?\.sync", ptx)) == 2 * k + 1   # two per round, one before the output
+    stores = re.findall(r"\bst\.global(?:\.[a-z0-9]+)*", ptx)
+    assert sorted(stores) == ["st.global.b32", "st.global.b64"]       # weight (fp32) and id (int64), once each
+
+
+def test_router_topk_source_and_supports():
+    base = rt.render_source(896, 16, True, 2.5)
+    others = [rt.render_source(896, 8, True, 2.5), rt.render_source(896, 16, False, 2.5),
+              rt.render_source(896, 16, True, 1.0), rt.render_source(512, 16, True, 2.5)]
+    assert len({base, *others}) == 5
+    assert kcompile.cache_key(base, "sm_90a") != kcompile.cache_key(base, "sm_100a")
+    assert rt.supports(896, 16) is None and rt.supports(896, 33) and rt.supports(8, 16) and rt.supports(5000, 8)
+    assert rt.threads_for(896) == 224 and rt.threads_for(8) == 32 and rt.threads_for(4096) == 1024
+    with pytest.raises(ValueError):
+        rt.render_source(896, 0)
+
+
+def _pack(keys: np.ndarray) -> np.ndarray:
+    """The template's candidate: order-preserving Int32 of the fp32 key in the high half, E - 1 - e in the low."""
+    E = keys.shape[0]
+    b = keys.astype(np.float32).view(np.int32).astype(np.int64)
+    ordered = np.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    return (ordered << 32) | (E - 1 - np.arange(E, dtype=np.int64))
+
+
+def test_candidate_packing_orders_like_topk():
+    rng = np.random.default_rng(7)
+    for keys in (rng.standard_normal(896).astype(np.float32) * 3,                     # both signs
+                 np.array([0.5, 0.0, -1.0, -2.0, 1e-30, -1e-30, 3.0], np.float32),   # no -0.0: s + bias with s >= 0
+                 np.repeat(np.float32(0.25), 16)):                                  # all tied
+        cand = _pack(keys)
+        order = np.argsort(-cand, kind="stable")
+        ids = keys.shape[0] - 1 - (cand[order] & 0xFFFFFFFF)
+        assert (ids == order).all()                                                 # the low half decodes the id
+        # descending keys; equal keys -> ascending ids
+        ref = sorted(range(len(keys)), key=lambda e: (-float(keys[e]), e))
+        assert list(order) == ref
+
+
+def test_router_topk_fallback_on_cpu():
+    import torch
+    from k3fuse import ops
+    logits, bias = torch.randn(3, 64), torch.randn(64) * 0.1
+    ids, w = rt.topk_from_logits_cuda(logits, bias, 6, True, 2.5)
+    rids, rw = ops.topk_from_logits._init_fn(logits, bias, 6, True, 2.5)
+    assert torch.equal(ids, rids) and torch.equal(w, rw)
+    assert rt.launch_ok(logits.double(), bias, 6) and rt.launch_ok(logits, bias[:5], 6)
+    assert rt.launch_ok(logits, bias, 6) is None
