@@ -184,3 +184,61 @@ def test_host_api_passes_what_the_kernel_takes(v, monkeypatch, tmp_path):
     assert args[0].data_ptr() == peer.partial.data_ptr() and args[0].shape == (M, H)
     assert out.shape == (M, H) and out.dtype == (bf if v["has_norm"] else torch.float32)
     assert args[-4] is out and args[-3] is newp
+
+
+# ------------------------------------------------------------------------------------------- addend_partial
+@pytest.mark.usefixtures("isolated_kernel_cache")
+@pytest.mark.parametrize("arch", ARCHES)
+def test_partial_addend_compiles(arch):
+    """addend_partial (the MoE split's routed slice): the kernel adds it to the partial at the publish, so the
+    reduction completes it; one more 16-byte load per vector, the protocol unchanged."""
+    pytest.importorskip("cutlass")
+    W, M = 8, 8
+    base = ptx_of(mar.build(H, 3, W, False, True, True, False, max_m=M, arch=arch, load=False))
+    k = mar.build(H, 3, W, False, True, True, False, max_m=M, arch=arch, load=False, has_paddend=True)
+    ptx = ptx_of(k)
+    L = pbuf.BufferLayout(H, M)
+    assert re.search(rf"st\.release\.sys\.global\.b32\s+\[%rd\d+\+{L.flag_off}\]", ptx)
+    assert re.search(rf"ld\.acquire\.sys\.global\.b32\s+%r\d+, \[%rd\d+\+{L.flag_off}\]", ptx)
+    assert "%globaltimer" in ptx and "fence.acq_rel.sys" in ptx and "multimem" not in ptx
+    n = len(re.findall(r"ld\.global\.(?:v4\.b32|v2\.b64)", ptx))
+    assert n > len(re.findall(r"ld\.global\.(?:v4\.b32|v2\.b64)", base)), "the partial addend's row load"
+    assert not re.search(r"ld\.global\.(?:b16|u16|v2\.b32)", ptx)
+
+
+def test_partial_addend_render():
+    src = mar.render_source(H, 3, 4, has_paddend=True)
+    assert "mQ: cute.Tensor" in src and "bf16(addend + y) per rank" in src and "mA: cute.Tensor" not in src
+    with pytest.raises(ValueError, match="one addend"):
+        mar.render_source(H, 3, 4, has_addend=True, has_paddend=True)
+    # after y the math is still the mix-norm template's (no complete addend)
+    from k3fuse.codegen import fused_residual_norm as frn
+    ref = _tail(frn.render_mixnorm(H, 3, False, True, True, False, 1e-5, 1e-5), "y = t.load().to(Float32)",
+                "@cute.jit")
+    assert _tail(src, "y = acc.to(BFloat16).to(Float32)", "# -- 4. arrive") == ref
+
+
+def test_host_api_partial_addend(monkeypatch, tmp_path):
+    """fused_residual_norm_ar(addend_partial=True) hands the addend to the kernel right after the partial (fake_args
+    order) and leaves the GEMV's partial as it was (no host-side add: the kernel adds it at the publish)."""
+    pytest.importorskip("cutlass")
+    from k3fuse.codegen.compile import _import_source
+    W, M = 4, 3
+    src = mar.render_source(H, 3, W, False, True, True, False, has_paddend=True)
+    fake = _import_source(src, "hostapi_paddend", tmp_path).fake_args()[:-1]
+    seen, built = [], []
+    monkeypatch.setattr(mar, "build", lambda *a, **k: (built.append((a, k)), lambda *args: seen.append(args))[1])
+    monkeypatch.setattr(mar, "gemv_into", lambda o, w, y: y.copy_((o.float() @ w.float().t()).to(y.dtype)))
+    peer = pbuf.emulated_world(W, H, device="cpu")[1]
+    bf = torch.bfloat16
+    o, w = torch.randn(M, 64).to(bf), torch.randn(H, 64).to(bf)
+    a = torch.randn(M, H).to(bf)
+    blocks_buf = torch.zeros(M, 8, H, dtype=bf)
+    mar.fused_residual_norm_ar(o, w, a, torch.zeros(M, H, dtype=bf), [blocks_buf[:, i] for i in range(3)],
+                               torch.zeros(H, dtype=bf), torch.ones(H, dtype=bf), 1e-5, 1e-5, peer,
+                               addend_partial=True)
+    (args,) = seen
+    assert len(args) == len(fake) and args[1] is a and args[0].data_ptr() == peer.partial.data_ptr()
+    (bargs, bkw), = built
+    assert bargs[3] is False and bkw["has_paddend"] is True        # no complete addend, a partial one
+    assert torch.equal(peer.partial[:M], (o.float() @ w.float().t()).to(bf))
