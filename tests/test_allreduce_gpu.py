@@ -91,10 +91,11 @@ class Case:
                             1e-5, 1e-5, self.fp32_norm)
 
 
-def run_ranks(case, ranks, streams, which=None, timeout_ns=mar.TIMEOUT_NS):
+def run_ranks(case, ranks, streams, which=None, timeout_ns=mar.TIMEOUT_NS, paddends=None):
     """Launch the ranks (all, or `which`) each on its own stream, forked from and joined to the current stream.
     Every rank's GEMV is enqueued before any rank's all-reduce kernel, so a spinning kernel is never ahead of a
-    peer's GEMV in a shared hardware queue (fused_residual_norm_ar is exactly these two launches)."""
+    peer's GEMV in a shared hardware queue (fused_residual_norm_ar is exactly these two launches).
+    paddends: per-rank partial addends (addend_partial=True) instead of case.addend."""
     cur = torch.cuda.current_stream()
     which = range(len(ranks)) if which is None else which
     for r in which:
@@ -104,9 +105,10 @@ def run_ranks(case, ranks, streams, which=None, timeout_ns=mar.TIMEOUT_NS):
             mar.gemv_into(case.o[r], case.w[r], ranks[r].partial[:case.M])
     for r in which:
         with torch.cuda.stream(streams[r]):
-            mar.mixnorm_allreduce(ranks[r].partial[:case.M], case.addend, case.prefix, case.blocks, case.w_mix,
-                                  case.norm_w, 1e-5, 1e-5, ranks[r], case.fp32_norm, out=case.out[r],
-                                  new_prefix=case.newp[r], timeout_ns=timeout_ns)
+            mar.mixnorm_allreduce(ranks[r].partial[:case.M], case.addend if paddends is None else paddends[r],
+                                  case.prefix, case.blocks, case.w_mix, case.norm_w, 1e-5, 1e-5, ranks[r],
+                                  case.fp32_norm, out=case.out[r], new_prefix=case.newp[r], timeout_ns=timeout_ns,
+                                  addend_partial=paddends is not None)
     for r in which:
         cur.wait_stream(streams[r])
 
@@ -245,6 +247,56 @@ def test_missing_rank_times_out():
     case.poison()
     run_ranks(case, ranks, streams)
     check_step(case, ranks)
+
+
+@pytest.mark.parametrize("W,M", [(2, 1), (4, 8), (8, 8)])
+def test_emulated_ranks_partial_addend(W, M):
+    """addend_partial (passes/split_moe_across_ranks.py): rank r's routed up-projection slice, zero-padded to
+    [M, H] as the pass builds it, joins r's partial inside the kernel before the reduction. Every rank equals the
+    op's math (complete addend, unsplit GEMV) to bf16 noise, the TP = 1 mix-norm kernel on bf16(rank-order fp32 sum
+    of bf16(addend_r + y_r)) to the bit, and every other rank to the bit. Steps, then a CUDA graph replayed."""
+    torch.manual_seed(77 * W + M)
+    case = Case(W, M, nb=3, addend=False, prefix=True)
+    n = H // W
+    shares = []
+    for r in range(W):
+        a = torch.zeros(M, H, dtype=torch.bfloat16, device="cuda")
+        a[:, r * n:(r + 1) * n] = bf(M, n)
+        shares.append(a)
+    ranks = pbuf.emulated_world(W, H)
+    streams = [torch.cuda.Stream() for _ in range(W)]
+    warm(case, ranks)
+    mar.build(H, 3, W, False, True, True, False, has_paddend=True)
+
+    def check():
+        torch.cuda.synchronize()
+        for pb in ranks:
+            mar.check_error(pb)
+        o, w = torch.cat(case.o, dim=1), torch.cat(case.w, dim=1)
+        rn, rp = ops.fused_residual_norm._init_fn(o, w, sum(shares), case.prefix, case.blocks, case.w_mix,
+                                                  case.norm_w, 1e-5, 1e-5, "", False)
+        parts = [(shares[r].float() + ranks[r].partial[:M].float()).to(torch.bfloat16) for r in range(W)]
+        en, ep = case.tp1_kernel_on(parts)
+        for r in range(W):
+            assert rel(case.out[r], rn) < 1e-2 and rel(case.newp[r], rp) < 1e-2, f"rank {r}"
+            assert torch.equal(case.out[r], case.out[0]) and torch.equal(case.newp[r], case.newp[0]), f"rank {r}"
+        same_to_rounding(case.out[0], en, "normed (partial addend) vs the TP=1 mix-norm kernel")
+        same_to_rounding(case.newp[0], ep, "new_prefix (partial addend) vs the TP=1 mix-norm kernel")
+
+    for step in range(3):
+        case.refill()
+        case.poison()
+        run_ranks(case, ranks, streams, paddends=shares)
+        check()
+        assert all(pb.epoch() == 2 + step for pb in ranks)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        run_ranks(case, ranks, streams, paddends=shares)
+    for rep in range(3):
+        case.refill()
+        case.poison()
+        g.replay()
+        check()
 
 
 # ------------------------------------------------------------------------------------------ several GPUs
