@@ -1,6 +1,8 @@
-"""Time the in-kernel all-reduce + mix-norm (codegen/mixnorm_allreduce.py) against the separate path.
+"""Time the in-kernel all-reduce + mix-norm (codegen/mixnorm_allreduce.py) against the separate path, and the
+in-kernel all-gather (codegen/allgather_oneshot.py) against NCCL's.
 
   CUDA_DEVICE_MAX_CONNECTIONS=32 python3 benchmarks/allreduce_bench.py --out $OUT [--steps 20] [--reps 10]
+      [--what ar,ag]
 
 One GPU ("emulated" rows): W in-process ranks on one device (compiler/peer_buffers.emulated_world), each rank's
 GEMV + all-reduce kernel on its own stream, captured in one CUDA graph, vs the same W GEMVs + a torch reduction
@@ -10,7 +12,11 @@ They show what the protocol (flag stores, system fences, polling, the slot copy)
 
 Two or more GPUs ("tp" rows): one process per GPU, TP = 2 / 4 / 8 as far as the GPUs go; per-rank time of one
 step of o_proj + all-reduce + mix-norm: fused (symmetric-memory backend, no multicast) vs GEMV + NCCL all_reduce +
-mix-norm (NCCL_NVLS_ENABLE=0). Each measurement is a CUDA graph of --steps consecutive steps, replayed --reps
+mix-norm (NCCL_NVLS_ENABLE=0).
+Gather rows ("ag"): the MoE split's merged gather (router logits fp32 bit-cast + z shard, [M, 896/t * 2 + 3584/t]
+bf16 per rank at TP = t = W): emulated = W in-kernel gathers on W streams vs W torch.cat copies of the same bytes
+(a local-copy floor, no protocol); tp = per-rank all_gather_oneshot vs NCCL all_gather_into_tensor.
+Each measurement is a CUDA graph of --steps consecutive steps, replayed --reps
 times; the median replay / steps is reported. Prints a table; writes allreduce_bench.json under --out.
 """
 from __future__ import annotations
@@ -138,8 +144,47 @@ def bench_emulated(W, M, steps, reps):
     return res
 
 
+def gather_cols(W):
+    """bf16 columns of the split pass's merged gather at TP = W: fp32 logits of 896 / W experts, z shard 3584 / W."""
+    return 896 // W * 2 + 3584 // W
+
+
+def bench_gather_emulated(W, M, steps, reps):
+    from k3fuse import peer_buffers as pbuf
+    from k3fuse.codegen import allgather_oneshot as ag
+    C = gather_cols(W)
+    ranks = pbuf.emulated_world(W, H)
+    streams = [torch.cuda.Stream() for _ in range(W)]
+    xs = [bf(M, C) for _ in range(W)]
+    outs = [torch.empty(W * M, C, dtype=torch.bfloat16, device="cuda") for _ in range(W)]
+    ag.build_for(ranks[0], C * 2)
+
+    def fused():
+        cur = torch.cuda.current_stream()
+        for s in streams:
+            s.wait_stream(cur)
+        for r in range(W):
+            with torch.cuda.stream(streams[r]):
+                ag.all_gather_oneshot(xs[r], ranks[r], out=outs[r])
+        for s in streams:
+            cur.wait_stream(s)
+
+    def copy():
+        for r in range(W):
+            torch.cat(xs, 0, out=outs[r])
+
+    res = dict(kind="emulated_ag", W=W, M=M, row_bytes=C * 2, note=NOTE)
+    res["fused_us"] = time_graph(fused, steps, reps)
+    for pb in ranks:
+        ag.check_error(pb)
+    ref = torch.cat(xs, 0)
+    assert all(torch.equal(o, ref) for o in outs), "emulated gather differs from torch.cat"
+    res["copy_us"] = time_graph(copy, steps, reps)
+    return res
+
+
 # ------------------------------------------------------------------------------------------ several GPUs
-def _tp_worker(rank, world, tmp, steps, reps, ms):
+def _tp_worker(rank, world, tmp, steps, reps, ms, what=("ar",)):
     import torch.distributed as dist
     torch.cuda.set_device(rank)
     dev = torch.device("cuda", rank)
@@ -147,9 +192,30 @@ def _tp_worker(rank, world, tmp, steps, reps, ms):
     from k3fuse import peer_buffers as pbuf
     from k3fuse.codegen import fused_residual_norm as frn
     from k3fuse.codegen import mixnorm_allreduce as mar
+    from k3fuse.codegen import allgather_oneshot as ag
     peer = pbuf.PeerBuffers.symmetric(dist.group.WORLD, H)
     rows = []
-    for M in ms:
+    for M in (ms if "ag" in what else ()):
+        C = gather_cols(world)
+        x = bf(M, C, dev=dev)
+        out = torch.empty(world * M, C, dtype=torch.bfloat16, device=dev)
+        ag.build_for(peer, C * 2)
+        dist.barrier()
+
+        def sync():
+            torch.cuda.synchronize()
+            dist.barrier()
+
+        r = dict(kind="tp_ag", W=world, M=M, rank=rank, row_bytes=C * 2)
+        r["fused_us"] = time_graph(lambda: ag.all_gather_oneshot(x, peer, out=out), steps, reps, sync)
+        ag.check_error(peer)
+        ref = torch.empty_like(out)
+        dist.all_gather_into_tensor(ref, x)
+        assert torch.equal(out, ref), "in-kernel gather differs from NCCL's"
+        sync()
+        r["nccl_us"] = time_graph(lambda: dist.all_gather_into_tensor(out, x), steps, reps, sync)
+        rows.append(r)
+    for M in (ms if "ar" in what else ()):
         torch.manual_seed(100 + rank)
         st = State(M, dev)
         o, w = bf(M, K, dev=dev), bf(H, K, scale=(world * K) ** -0.5, dev=dev)
@@ -184,15 +250,15 @@ def _tp_worker(rank, world, tmp, steps, reps, ms):
     dist.destroy_process_group()
 
 
-def bench_tp(world, steps, reps, ms):
+def bench_tp(world, steps, reps, ms, what=("ar",)):
     import torch.multiprocessing as mp
     tmp = tempfile.mkdtemp(prefix="k3fuse-arbench-")
-    mp.spawn(_tp_worker, args=(world, tmp, steps, reps, ms), nprocs=world, join=True)
+    mp.spawn(_tp_worker, args=(world, tmp, steps, reps, ms, tuple(what)), nprocs=world, join=True)
     per_rank = [json.load(open(os.path.join(tmp, f"rank{r}.json"))) for r in range(world)]
     out = []
-    for i, M in enumerate(ms):
+    for i, r0 in enumerate(per_rank[0]):
         rs = [per_rank[r][i] for r in range(world)]
-        out.append(dict(kind="tp", W=world, M=M,
+        out.append(dict(kind=r0["kind"], W=world, M=r0["M"], **{k: r0[k] for k in ("row_bytes",) if k in r0},
                         fused_us=statistics.median(x["fused_us"] for x in rs),
                         nccl_us=statistics.median(x["nccl_us"] for x in rs),
                         per_rank=[dict(rank=x["rank"], fused_us=x["fused_us"], nccl_us=x["nccl_us"]) for x in rs]))
@@ -206,7 +272,9 @@ def main():
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--ms", default="1,8")
     ap.add_argument("--worlds", default="2,4,8")
+    ap.add_argument("--what", default="ar,ag", help="ar: all-reduce + mix-norm rows; ag: all-gather rows")
     args = ap.parse_args()
+    what = args.what.split(",")
     ms = [int(x) for x in args.ms.split(",")]
     worlds = [int(x) for x in args.worlds.split(",")]
     os.makedirs(args.out, exist_ok=True)
@@ -220,7 +288,20 @@ def main():
 
     for W in worlds:
         for M in ms:
-            if W * M > 64:
+            if W * M > 64 or "ag" not in what:
+                continue
+            try:
+                r = bench_gather_emulated(W, M, args.steps, args.reps)
+                results["rows"].append(r)
+                print(f"emulated gather W={W} M={M} ({r['row_bytes']} B/row): in-kernel {r['fused_us']:.1f} us, "
+                      f"W local cat copies {r['copy_us']:.1f} us  [{time.time() - t0:.0f} s]", flush=True)
+            except Exception as e:
+                results["errors"].append(f"emulated gather W={W} M={M}: {e!r}"[:500])
+                print(results["errors"][-1], flush=True)
+            save()
+    for W in worlds:
+        for M in ms:
+            if W * M > 64 or "ar" not in what:
                 continue
             try:
                 r = bench_emulated(W, M, args.steps, args.reps)
@@ -236,11 +317,12 @@ def main():
         if W > n:
             continue
         try:
-            rows = bench_tp(W, args.steps, args.reps, ms)
+            rows = bench_tp(W, args.steps, args.reps, ms, what)
             results["rows"] += rows
             for r in rows:
-                print(f"TP={W} M={r['M']}: fused {r['fused_us']:.1f} us, NCCL {r['nccl_us']:.1f} us "
-                      f"[{time.time() - t0:.0f} s]", flush=True)
+                print(f"TP={W} M={r['M']} {'gather' if r['kind'] == 'tp_ag' else 'all-reduce + mix-norm'}: "
+                      f"fused {r['fused_us']:.1f} us, NCCL {r['nccl_us']:.1f} us [{time.time() - t0:.0f} s]",
+                      flush=True)
         except Exception as e:
             results["errors"].append(f"tp W={W}: {e!r}"[:500])
             print(results["errors"][-1], flush=True)
@@ -255,11 +337,22 @@ def main():
         if r["kind"] == "emulated":
             print(f"{'emulated':9} {r['W']:>2} {r['M']:>3} {r['fused_us']:8.1f} {r['separate_us']:9.1f} "
                   f"{r['tp1_us']:9.1f}")
-        else:
+        elif r["kind"] == "tp":
             print(f"{'tp':9} {r['W']:>2} {r['M']:>3} {r['fused_us']:8.1f} {'':>9} {r['nccl_us']:9.1f}")
+    print()
+    print("MoE split's merged all-gather (logits + z), us per step (median)")
+    print(f"{'kind':12} {'W':>2} {'M':>3} {'B/row':>6} {'in-kernel':>10} {'cat/nccl':>9}")
+    for r in results["rows"]:
+        if r["kind"] == "emulated_ag":
+            print(f"{'emulated':12} {r['W']:>2} {r['M']:>3} {r['row_bytes']:>6} {r['fused_us']:10.1f} "
+                  f"{r['copy_us']:9.1f}")
+        elif r["kind"] == "tp_ag":
+            print(f"{'tp':12} {r['W']:>2} {r['M']:>3} {r['row_bytes']:>6} {r['fused_us']:10.1f} "
+                  f"{r['nccl_us']:9.1f}")
     print(f"emulated: {NOTE}")
     print("emulated 'separate' = W GEMVs + torch fp32 sum + mix-norm; 'tp1' = one GEMV over W*K + mix-norm; "
-          "tp 'nccl' = GEMV + NCCL all_reduce + mix-norm")
+          "tp 'nccl' = GEMV + NCCL all_reduce + mix-norm; gather 'cat' = W local torch.cat copies, 'nccl' = "
+          "all_gather_into_tensor")
     save()
     print(f"wrote {os.path.join(args.out, 'allreduce_bench.json')} in {time.time() - t0:.0f} s")
     return 1 if results["errors"] else 0

@@ -157,6 +157,7 @@ def all_gather_cuda_or_none(x, group_name: str, group_size: Optional[int] = None
     not CUDA, M > max_m, rows that are not 16-byte multiples or wider than the gather slots, misaligned).
     The answer is the same on every rank for the same call (peer_buffers.resolve), so no rank spins on a peer that
     took the functional path. Returns the [W * M, C] tensor (layout "row_major": [M, W * C])."""
+    import torch
     from k3fuse import peer_buffers as pbuf
     if not group_name or not pbuf.inkernel_enabled():
         return None
@@ -169,7 +170,7 @@ def all_gather_cuda_or_none(x, group_name: str, group_size: Optional[int] = None
     if peer is None or (group_size is not None and group_size != peer.world):
         return None
     if not x.is_contiguous() or x.data_ptr() % 16:
-        x = x.contiguous() if x.data_ptr() % 16 == 0 or not x.is_contiguous() else x.clone()
+        x = x.clone(memory_format=torch.contiguous_format)     # a fresh allocation: contiguous, 16-byte aligned
     if launch_ok(x, peer):
         return None
     return all_gather_oneshot(x, peer, layout=layout)
