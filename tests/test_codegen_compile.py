@@ -117,6 +117,8 @@ def test_kernels_cli_writes_manifest(tmp_path):
         assert k["op"].startswith("k3fuse::") and "config" in k
     g = [k for k in m["kernels"] if k["family"] == "gemv"]
     assert all(k["bucket"] == 1 for k in g) and len(g) >= 8
+    # the KDA and MLA input-projection groups (tiny at TP 1 also has the MoE's routed down + shared gate_up)
+    assert sum(k["op"] == "k3fuse::linear_group" for k in g) == 3
     assert any("M=100" in s["reason"] for s in m["skipped"])
 
 
@@ -197,3 +199,62 @@ def test_gemv_pdl_config_keys():
             assert all(gemv.supports(N, K, b, x) is None for x in p)
     assert any(x.get("pdl") for x in gemv.candidates(7168, 768, 1))
     assert any(x.get("pdl") for x in gemv.candidates(768, 7168, 8))
+
+
+# Grouped GEMV (k3fuse::linear_group): the K3 groups of fuse_shared_input_linears at TP16 (KDA: q, k, v, g, f_a,
+# b; MLA: q_a, kv_a, g) at buckets 1 (simt) and 8 (mma), plus a simt config whose R leaves a partial CTA
+GROUP_CASES = [([768, 768, 768, 768, 128, 6], 7168, 1, None), ([768, 768, 768, 768, 128, 6], 7168, 8, None),
+               ([1536, 576, 768], 7168, 1, None), ([1536, 576, 768], 7168, 8, None),
+               ([768, 128, 6], 7168, 2, {"variant": "simt", "R": 4, "W": 8})]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("Ns,K,b,cfg", GROUP_CASES)
+def test_gemv_group_compiles_with_128bit_loads(arch, Ns, K, b, cfg):
+    k = gemv.build_group(Ns, K, b, cfg, arch=arch, load=False)
+    ptx = ptx_of(k)
+    assert f".target {arch}" in ptx
+    loads = global_loads(ptx)
+    assert loads and all(is_128bit(l) for l in loads), f"non-128-bit global loads: {loads}"
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    used = cfg or gemv.group_config_for(Ns, K, b)
+    if used["variant"] == "mma":
+        assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
+    # one launch over every member's CTAs
+    src = open(k.files["kernel.py"]).read()
+    tile = used.get("R") or 16 * used.get("RT", 1) * used.get("WN", 1)
+    assert f"CTAS = {sum(-(-n // tile) for n in Ns)}" in src and src.count("cute.Tensor, ") >= 2 * len(Ns)
+
+
+def test_gemv_group_config_route_and_unchanged_singles():
+    # the KDA group at TP16 takes the config of its 16-row-padded concatenation (3216 x 7168), pdl dropped
+    Ns = [768, 768, 768, 768, 128, 6]
+    for b in (1, 8, 64):
+        assert gemv.group_config_for(Ns, 7168, b) == {k: v for k, v in gemv.config_for(3216, 7168, b).items()
+                                                       if k != "pdl"}
+    for M in (1, 8, 64):
+        cfg, why = gemv.group_route(Ns, 7168, M)
+        single, why1 = gemv.route(3216, 7168, M)
+        assert (cfg is None) == (single is None) and (cfg is None or why == "")
+    assert gemv.group_route([768], 7168, 1)[0] is None                     # one member: not a group
+    assert gemv.group_route(Ns, 7164, 1)[0] is None                        # K % 8
+    assert gemv.group_route(Ns, 7168, 100)[0] is None                      # outside the buckets
+    # single GEMVs render exactly as before GROUP existed (no GROUP text, same source as their own template)
+    for variant_cfg in ({"variant": "simt", "R": 2, "W": 8}, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1,
+                                                              "KB": 1}):
+        src = gemv.render_source(3216, 7168, 8, variant_cfg)[1]
+        assert "GROUP" not in src and "Grouped" not in src and "toint" not in src
+    gsrc = gemv.render_group_source(Ns, 7168, 8)[1]
+    assert "GPRED=True" in gsrc and "toint" in gsrc and "use_pdl" not in gsrc
+
+
+def test_kernels_cli_plans_groups():
+    from k3fuse.codegen import kernels_cli
+    jobs, skipped = kernels_cli.plan("k3", 16, [1, 8], "sm_90a")
+    g = {(tuple(j["shape"]["N"]), j["bucket"]) for j in jobs if j["op"] == "k3fuse::linear_group"}
+    assert g == {((768, 768, 768, 768, 128, 6), 1), ((768, 768, 768, 768, 128, 6), 8),
+                 ((1536, 576, 768), 1), ((1536, 576, 768), 8)}
+    assert all(j["family"] == "gemv" for j in jobs if j["op"] == "k3fuse::linear_group")
+    jobs1, _ = kernels_cli.plan("k3", 1, [1], "sm_90a")
+    assert ((3584, 12288), 1) in {(tuple(j["shape"]["N"]), j["bucket"]) for j in jobs1
+                                  if j["op"] == "k3fuse::linear_group"}

@@ -144,3 +144,59 @@ def test_gemv_pdl_matches_reference_and_waits_in_graph(M):
         for r in range(2):
             assert rel(hs[r], xs[r].double() @ wu.double().t()) < 1e-2
             assert rel(xs[r + 1], hs[r].double() @ wd.double().t()) < 1e-2
+
+
+# grouped GEMV (k3fuse::linear_group): the K3 TP16 groups of fuse_shared_input_linears (KDA q, k, v, g, f_a, b;
+# MLA q_a, kv_a, g) and a small group with partial CTAs
+GROUPS = [[768, 768, 768, 768, 128, 6], [1536, 576, 768], [40, 8, 24]]
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 8, 13, 64])
+@pytest.mark.parametrize("Ns", GROUPS)
+def test_gemv_group_matches_reference(Ns, M):
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    K = 7168
+    b = bucket_for(M)
+    cfgs = [gemv.group_config_for(Ns, K, b), {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}]
+    if b <= 8:
+        cfgs.append({"variant": "simt", "R": 4, "W": 8})                # R = 4: partial CTAs (GPRED)
+    for cfg in {str(c): c for c in cfgs}.values():
+        x = bf(M, K)
+        ws = [bf(n, K, scale=K ** -0.5) for n in Ns]
+        ys = [torch.full((M, n), float("nan"), device="cuda", dtype=torch.bfloat16) for n in Ns]
+        gemv.linear_group(x, ws, cfg, outs=ys)
+        for y, w in zip(ys, ws):
+            assert rel(y, x.double() @ w.double().t()) < 1e-2, (cfg, w.shape)
+
+
+@pytest.mark.parametrize("M", [1, 8])
+def test_linear_group_op_and_graph_capture(M, monkeypatch):
+    """The registered op: without K3FUSE_GROUPED_GEMV=1 it is exactly the per-weight linear path; with it, one
+    grouped launch, also inside a CUDA graph (outputs NaN-poisoned before the replay)."""
+    from k3fuse.codegen import registry
+    registry.register()
+    Ns, K = GROUPS[0], 7168
+    x = bf(M, K)
+    ws = [bf(n, K, scale=K ** -0.5) for n in Ns]
+    monkeypatch.delenv("K3FUSE_GROUPED_GEMV", raising=False)
+    sep = torch.ops.k3fuse.linear_group(x, ws)
+    assert all(torch.equal(a, torch.ops.k3fuse.linear(x, w)) for a, w in zip(sep, ws))
+    monkeypatch.setenv("K3FUSE_GROUPED_GEMV", "1")
+    ys = torch.ops.k3fuse.linear_group(x, ws)            # warm-up: compile before the capture
+    for y, w in zip(ys, ws):
+        assert rel(y, x.double() @ w.double().t()) < 1e-2
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    outs = [torch.empty_like(y) for y in ys]
+    with torch.cuda.graph(g):
+        for o, y in zip(outs, torch.ops.k3fuse.linear_group(x, ws)):
+            o.copy_(y)
+    for _ in range(2):
+        x.copy_(bf(M, K))
+        for o in outs:
+            o.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for o, w in zip(outs, ws):
+            assert rel(o, x.double() @ w.double().t()) < 1e-2
