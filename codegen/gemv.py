@@ -313,12 +313,9 @@ def group_supports(Ns, K: int, bucket: Optional[int], cfg: Optional[dict] = None
         return f"{len(Ns)} members (grouped kernels take 2..{GROUP_MAX})"
     if min(Ns) < 1:
         return "an empty member"
-    why = supports(_group_rows(Ns), K, bucket, cfg)
-    if why:
-        return why
-    if cfg is not None and cfg["variant"] == "mma" and cfg.get("WN", 1) * cfg.get("RT", 1) > 1 and min(Ns) < 16:
-        return "a member smaller than one 16-row tile with a multi-tile CTA"
-    return None
+    # rows past a member's end (a partial last CTA, even a whole 16-row tile of it) re-read the member's last row
+    # and are not stored, so any member size works with any config the concatenated shape supports
+    return supports(_group_rows(Ns), K, bucket, cfg)
 
 
 def group_route(Ns, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[dict], str]:

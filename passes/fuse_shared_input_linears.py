@@ -31,7 +31,7 @@ from collections import defaultdict
 import torch
 import torch.fx as fx
 
-from .base import K3FusePass, PassContext
+from .base import K3FusePass, PassContext, logger
 
 k3 = torch.ops.k3fuse
 
@@ -77,6 +77,8 @@ class FuseSharedInputLinears(K3FusePass):
             if self._rewrite(graph, x, members, order):
                 matches += 1
                 order = {n: i for i, n in enumerate(graph.nodes)}
+        for why in self.skipped:
+            logger.debug("k3fuse pass %s left separate: %s", self.name, why)
         return matches
 
     def _independent(self, members: list) -> list:

@@ -205,7 +205,10 @@ def test_gemv_pdl_config_keys():
 # b; MLA: q_a, kv_a, g) at buckets 1 (simt) and 8 (mma), plus a simt config whose R leaves a partial CTA
 GROUP_CASES = [([768, 768, 768, 768, 128, 6], 7168, 1, None), ([768, 768, 768, 768, 128, 6], 7168, 8, None),
                ([1536, 576, 768], 7168, 1, None), ([1536, 576, 768], 7168, 8, None),
-               ([768, 128, 6], 7168, 2, {"variant": "simt", "R": 4, "W": 8})]
+               ([768, 128, 6], 7168, 2, {"variant": "simt", "R": 4, "W": 8}),
+               ([1536, 1536, 1536, 1536, 128, 12], 7168, 16,          # TP8 KDA, the H200 table's config
+                {"variant": "mma", "W": 8, "U": 2, "WN": 2, "RT": 1, "KB": 1}),
+               ([40, 8, 24], 7168, 8, {"variant": "mma", "W": 4, "U": 2, "WN": 2, "RT": 2, "KB": 1})]
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -158,7 +158,8 @@ def test_gemv_group_matches_reference(Ns, M):
     from k3fuse.codegen.buckets import bucket_for
     K = 7168
     b = bucket_for(M)
-    cfgs = [gemv.group_config_for(Ns, K, b), {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}]
+    cfgs = [gemv.group_config_for(Ns, K, b), {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1},
+            {"variant": "mma", "W": 4, "U": 2, "WN": 2, "RT": 2, "KB": 1}]   # 64-row CTAs: whole tiles past N_i
     if b <= 8:
         cfgs.append({"variant": "simt", "R": 4, "W": 8})                # R = 4: partial CTAs (GPRED)
     for cfg in {str(c): c for c in cfgs}.values():
