@@ -12,13 +12,9 @@ ranks' bits. Output layouts:
                 result without its clone).
 One launch, grid = M CTAs (one per row: flags are per (src, row)).
 
-Not wired yet. all_gather_cuda_or_none(x, group_name, group_size) is the entry point: it returns the
-all_gather_into_tensor result, or None (then run the functional collective). The pass emits the c10d functional
-all_gather_into_tensor + wait_tensor pair, which the registry cannot override; the intended wiring: an op
-k3fuse::all_gather(x, group_size, group_name) -> [group_size * M, C] in compiler/ops.py (reference: the functional
-pair, as ops._all_reduce does), emitted by split_moe_across_ranks._gather_ranks in place of the pair, and its CUDA
-impl in codegen/registry.py = all_gather_cuda_or_none(...) or the reference. codegen.compile.clear_memo() should
-clear this module's `_built` too.
+Wired: split_moe_across_ranks emits k3fuse::all_gather (compiler/ops.py, the functional pair as its reference);
+its CUDA impl (codegen/registry.py) calls all_gather_cuda_or_none(x, group_name, group_size), which returns the
+all_gather_into_tensor result, or None (then the functional collective runs). Opt-in: K3FUSE_INKERNEL_COLLECTIVES=1.
 """
 from __future__ import annotations
 

@@ -162,6 +162,8 @@ def clear_memo() -> None:
     """Forget every in-process compiled kernel (this module's and the kernel families' memos)."""
     with _lock:
         _memo.clear()
-    from . import fused_residual_norm, gemv, kda_recurrent, mla_attention, moe_experts, prefetch
-    for mod in (gemv, fused_residual_norm, prefetch, kda_recurrent, mla_attention, moe_experts):
+    from . import (allgather_oneshot, fused_residual_norm, gemv, kda_recurrent, mixnorm_allreduce, mla_attention,
+                   moe_experts, prefetch, router_topk)
+    for mod in (gemv, fused_residual_norm, prefetch, kda_recurrent, mla_attention, moe_experts, router_topk,
+                mixnorm_allreduce, allgather_oneshot):
         mod._built.clear()

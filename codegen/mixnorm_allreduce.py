@@ -17,7 +17,7 @@ Not wired yet. The intended wiring: codegen/registry.py's fused_residual_norm CU
 `fused_residual_norm_ar_or_none(<the op's args>)` first when group_name != "" and uses its result unless None
 (None: the functional all-reduce path as now; it also covers addend_partial, which the functional CUDA path
 cannot). It resolves the group and the peer buffers (collective at the first call, so the first call must be an
-eager one, not inside a graph capture). codegen.compile.clear_memo() should clear this module's `_built` too.
+eager one, not inside a graph capture). codegen.compile.clear_memo() clears this module's `_built`.
 """
 from __future__ import annotations
 

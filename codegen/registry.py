@@ -10,7 +10,10 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
   k3fuse::linear_group         with K3FUSE_GROUPED_GEMV=1: one grouped GEMV launch over all the weights (same routing
                                as one GEMV of the concatenated shape); otherwise, or where it does not apply, one
                                k3fuse::linear CUDA call per weight (what the separate linears did before the pass)
-  k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel
+  k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel; under TP with
+                               K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel all-reduce (mixnorm_allreduce.py)
+  k3fuse::all_gather           with K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel gather (allgather_oneshot.py)
+  k3fuse::topk_from_logits     with K3FUSE_ROUTER_TOPK=1: the router top-k kernel (router_topk.py)
   k3fuse::prefetch_l2          bulk L2 prefetch on a side stream
   k3fuse::kda_recurrent, mla_attention, moe_experts   (kda_recurrent.py, mla_attention.py, moe_experts.py)
 and, where compiler/ops.py defines them, the fused GEMVs k3fuse::rms_norm_linear, k3fuse::linear_situ_glu and
@@ -161,6 +164,15 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
     from .prefetch import join_pending
     op = "k3fuse::fused_residual_norm"
     M = o.shape[0]
+    if group_name:
+        # the in-kernel one-shot all-reduce over peer buffers (opt-in: K3FUSE_INKERNEL_COLLECTIVES=1; the same
+        # answer on every rank, see peer_buffers.resolve); None leaves the functional path below
+        from .mixnorm_allreduce import fused_residual_norm_ar_or_none
+        join_pending()
+        r = fused_residual_norm_ar_or_none(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps,
+                                           group_name, fp32_norm, addend_partial)
+        if r is not None:
+            return r
     reason = None
     if o.dim() != 2:
         reason = "o is not 2-D"
@@ -169,8 +181,8 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
     elif M > MAX_M:
         reason = f"M={M} > {MAX_M}"
     elif addend_partial and addend is not None and group_name:
-        # the MoE split's routed slice must join the GEMV output before the reduction (in-kernel AR: issue 7)
-        reason = "partial addend under TP (needs the in-kernel all-reduce)"
+        # the MoE split's routed slice must join the GEMV output before the reduction
+        reason = "partial addend under TP (needs the in-kernel all-reduce: K3FUSE_INKERNEL_COLLECTIVES=1)"
     else:
         reason = frn.launch_ok(o, w_o, addend, prefix, blocks, norm_w)
     if reason is None and not _env_ok(op, o.device):
@@ -182,6 +194,16 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
     join_pending()
     return frn.fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
                                    fp32_norm)
+
+
+# ------------------------------------------------------------------------------------------------ all_gather
+def all_gather_cuda(x, group_size, group_name):
+    """The in-kernel one-shot gather (opt-in: K3FUSE_INKERNEL_COLLECTIVES=1), else the functional collective."""
+    from .allgather_oneshot import all_gather_cuda_or_none
+    from .prefetch import join_pending
+    join_pending()
+    r = all_gather_cuda_or_none(x, group_name, group_size)
+    return r if r is not None else _ref("all_gather")(x, group_size, group_name)
 
 
 # ------------------------------------------------------------------------------------------------ prefetch
@@ -257,6 +279,7 @@ IMPLS = {
     "k3fuse::prefetch_l2": prefetch_l2_cuda,
     "k3fuse::side_linear_situ": streams.side_linear_situ_cuda,
     "k3fuse::stream_join": streams.stream_join_cuda,
+    "k3fuse::all_gather": all_gather_cuda,
 }
 
 
@@ -273,6 +296,9 @@ def register() -> bool:
     from .mla_attention import IMPLS as mla
     from .moe_experts import IMPLS as moe
     impls = {**IMPLS, **kda, **mla, **moe}
+    if os.environ.get("K3FUSE_ROUTER_TOPK", "0") == "1":      # opt-in until tests/test_router_topk_gpu.py ran
+        from .router_topk import IMPLS as topk
+        impls.update(topk)
     # OPTIONAL_IMPLS: registered once compiler/ops.py defines those ops
     impls.update({n: f for n, f in OPTIONAL_IMPLS.items() if hasattr(torch.ops.k3fuse, n.split("::")[1])})
     # K3FUSE_DISABLE_KERNELS=kda_recurrent,moe_experts keeps those ops on the unfused path (to bisect a layer)

@@ -38,6 +38,19 @@ def _all_reduce(x: torch.Tensor, group_name: str) -> torch.Tensor:
     return torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(x, "sum", group_name))
 
 
+@torch.library.custom_op(f"{LIB}::all_gather", mutates_args=())
+def all_gather(x: torch.Tensor, group_size: int, group_name: str) -> torch.Tensor:
+    """all_gather_into_tensor + wait: [M, ...] per rank -> [group_size * M, ...], rank-major. An op of its own so that
+    a CUDA impl can replace the collective (codegen/allgather_oneshot.py, in-kernel over peer buffers)."""
+    c10d = torch.ops._c10d_functional
+    return c10d.wait_tensor(c10d.all_gather_into_tensor(x, group_size, group_name))
+
+
+@all_gather.register_fake
+def _(x, group_size, group_name):
+    return x.new_empty(group_size * x.shape[0], *x.shape[1:])
+
+
 # ------------------------------------------------------------------------------------------------ basic ops
 @torch.library.custom_op(f"{LIB}::linear", mutates_args=())
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -295,4 +308,5 @@ OPS = {
     "prefetch_l2": torch.ops.k3fuse.prefetch_l2.default,
     "side_linear_situ": torch.ops.k3fuse.side_linear_situ.default,
     "stream_join": torch.ops.k3fuse.stream_join.default,
+    "all_gather": torch.ops.k3fuse.all_gather.default,
 }

@@ -36,7 +36,8 @@ WEIGHT_ARGS = {
 def is_comm(n: fx.Node) -> bool:
     if n.op != "call_function":
         return False
-    if n.target in (c10d.all_reduce.default, c10d.all_gather_into_tensor.default, c10d.reduce_scatter_tensor.default):
+    if n.target in (c10d.all_reduce.default, c10d.all_gather_into_tensor.default, c10d.reduce_scatter_tensor.default,
+                    k3.all_gather.default):
         return True
     return n.target == k3.fused_residual_norm.default and bool(n.args[9])
 

@@ -80,8 +80,8 @@ class SplitMoEAcrossRanks(K3FusePass):
 
     def _gather_ranks(self, graph, x: fx.Node, M, n) -> fx.Node:
         """[M, n] per rank -> [M, t, n] (a view)."""
-        ag = graph.call_function(c10d.all_gather_into_tensor.default, (x, self.size, self.group))
-        w = graph.call_function(c10d.wait_tensor.default, (ag,))
+        # k3fuse.all_gather (the functional pair as its reference) so that the in-kernel gather can replace it
+        w = graph.call_function(torch.ops.k3fuse.all_gather.default, (x, self.size, self.group))
         v = graph.call_function(aten.view.default, (w, [self.size, M, n]))
         return graph.call_function(aten.permute.default, (v, [1, 0, 2]))
 
