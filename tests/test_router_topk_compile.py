@@ -3,8 +3,8 @@ GPU for K3's routers (896 experts, top-16, at TP1 and after the MoE split's gath
 it relies on orders keys and breaks ties like the reference would."""
 import re
 
-import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("cutlass")
 
@@ -38,26 +38,25 @@ def test_router_topk_source_and_supports():
         rt.render_source(896, 0)
 
 
-def _pack(keys: np.ndarray) -> np.ndarray:
+def _pack(keys: torch.Tensor) -> torch.Tensor:
     """The template's candidate: order-preserving Int32 of the fp32 key in the high half, E - 1 - e in the low."""
     E = keys.shape[0]
-    b = keys.astype(np.float32).view(np.int32).astype(np.int64)
-    ordered = np.where(b >= 0, b, b ^ 0x7FFFFFFF)
-    return (ordered << 32) | (E - 1 - np.arange(E, dtype=np.int64))
+    b = keys.float().view(torch.int32).long()
+    ordered = torch.where(b >= 0, b, b ^ 0x7FFFFFFF)
+    return (ordered << 32) | (E - 1 - torch.arange(E, dtype=torch.int64))
 
 
 def test_candidate_packing_orders_like_topk():
-    rng = np.random.default_rng(7)
-    for keys in (rng.standard_normal(896).astype(np.float32) * 3,                     # both signs
-                 np.array([0.5, 0.0, -1.0, -2.0, 1e-30, -1e-30, 3.0], np.float32),   # no -0.0: s + bias with s >= 0
-                 np.repeat(np.float32(0.25), 16)):                                  # all tied
+    g = torch.Generator().manual_seed(7)
+    for keys in (torch.randn(896, generator=g) * 3,                                  # both signs
+                 torch.tensor([0.5, 0.0, -1.0, -2.0, 1e-30, -1e-30, 3.0]),           # no -0.0: s + bias, s >= 0
+                 torch.full((16,), 0.25)):                                           # all tied
         cand = _pack(keys)
-        order = np.argsort(-cand, kind="stable")
-        ids = keys.shape[0] - 1 - (cand[order] & 0xFFFFFFFF)
-        assert (ids == order).all()                                                 # the low half decodes the id
+        order = torch.sort(cand, descending=True, stable=True).indices
+        assert torch.equal(keys.shape[0] - 1 - (cand[order] & 0xFFFFFFFF), order)     # the low half decodes the id
         # descending keys; equal keys -> ascending ids
         ref = sorted(range(len(keys)), key=lambda e: (-float(keys[e]), e))
-        assert list(order) == ref
+        assert order.tolist() == ref
 
 
 def test_router_topk_fallback_on_cpu():
