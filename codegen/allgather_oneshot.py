@@ -82,7 +82,7 @@ def build(row_bytes: int, world: int, hidden: int = 7168, max_m: int = 64, gathe
     k = _built.get(memo)
     if k is None:
         src = render_source(row_bytes, world, hidden, max_m, gather_row_bytes, timeout_ns)
-        meta = dict(family=FAMILY, op="c10d::all_gather_into_tensor", part="allgather_oneshot",
+        meta = dict(family=FAMILY, op="k3fuse::all_gather", part="allgather_oneshot",
                     shape=dict(row_bytes=row_bytes, world=world), template=TEMPLATE)
         k = _built[memo] = compile_source(src, arch, load=load, meta=meta)
     return k

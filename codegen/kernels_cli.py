@@ -119,6 +119,27 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                                  name=f"mixnorm_h{H}_nb{nb}{'_add' if addend else ''}{'' if prefix else '_restart'}"))
     jobs.append(dict(family="prefetch_l2", op="k3fuse::prefetch_l2", shape={}, bucket=None, config={},
                      name="prefetch_l2"))
+    # in-kernel collectives over peer buffers (K3FUSE_INKERNEL_COLLECTIVES=1), for 2 <= TP <= 8
+    from . import allgather_oneshot, mixnorm_allreduce
+    if 2 <= tp <= mixnorm_allreduce.MAX_WORLD:
+        note = "K3FUSE_INKERNEL_COLLECTIVES=1 only"
+        for j in [j for j in jobs if j["family"] == "fused_residual_norm"]:
+            # an addend is either complete (added after the reduction) or the MoE split's partial (before it)
+            for paddend in ((False, True) if j["config"]["addend"] else (False,)):
+                c = dict(j["config"], world=tp, paddend=paddend, addend=j["config"]["addend"] and not paddend)
+                jobs.append(dict(j, family="mixnorm_allreduce", config=c,
+                                 name=f"{j['name']}_ar{tp}{'_padd' if paddend else ''}", note=note))
+        E, D = cfg.num_experts, cfg.routed_expert_hidden_size
+        row = E // tp * 4 + D // tp * 2          # the MoE split's packed row: fp32 logits (bit-cast) | z shard
+        jobs.append(dict(family="allgather_oneshot", op="k3fuse::all_gather", shape=dict(row_bytes=row, world=tp),
+                         bucket=None, config={}, name=f"allgather_w{tp}_{row}B", note=note))
+    from . import router_topk
+    if router_topk.supports(cfg.num_experts, cfg.num_experts_per_token) is None:
+        jobs.append(dict(family="router_topk", op="k3fuse::topk_from_logits",
+                         shape=dict(E=cfg.num_experts, k=cfg.num_experts_per_token), bucket=None,
+                         config=dict(renormalize=cfg.norm_topk_prob, scale=cfg.routed_scaling_factor),
+                         name=f"router_topk_e{cfg.num_experts}_k{cfg.num_experts_per_token}",
+                         note="K3FUSE_ROUTER_TOPK=1 only"))
     # decode attention and routed experts
     from . import kda_recurrent, moe_experts
     d, adt = cfg.kda_head_dim, "bfloat16"
@@ -185,6 +206,20 @@ def build_job(job: dict, arch: str):
         s, c = job["shape"], job["config"]
         return moe_experts.build(s["E"], s["I"], s["D"], s["k"], job["bucket"], c["beta"], c["lbeta"], arch=arch,
                                  load=False)
+    if job["family"] == "mixnorm_allreduce":
+        from . import mixnorm_allreduce
+        c = job["config"]
+        return mixnorm_allreduce.build(job["shape"]["H"], job["shape"]["blocks"], c["world"], c["addend"], c["prefix"],
+                                       c["norm"], c["fp32_norm"], c["mix_eps"], c["norm_eps"], arch=arch, load=False,
+                                       has_paddend=c["paddend"])
+    if job["family"] == "allgather_oneshot":
+        from . import allgather_oneshot
+        s = job["shape"]
+        return allgather_oneshot.build(s["row_bytes"], s["world"], arch=arch, load=False)
+    if job["family"] == "router_topk":
+        from . import router_topk
+        s, c = job["shape"], job["config"]
+        return router_topk.build(s["E"], s["k"], c["renormalize"], c["scale"], arch=arch, load=False)
     raise ValueError(job["family"])
 
 
@@ -207,7 +242,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--jobs", "-j", type=int, default=1, help="parallel compile processes")
     ap.add_argument("--only", default="", help="comma-separated families to build (gemv, fused_residual_norm, "
-                                               "prefetch_l2, kda_recurrent, mla_attention, moe_experts)")
+                                               "prefetch_l2, kda_recurrent, mla_attention, moe_experts, "
+                                               "mixnorm_allreduce, allgather_oneshot, router_topk)")
     a = ap.parse_args(argv)
     batches = [int(b) for b in a.batch.split(",") if b]
     out = Path(a.out)

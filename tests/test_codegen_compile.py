@@ -108,7 +108,7 @@ def test_kernels_cli_writes_manifest(tmp_path):
     assert m["arch"] == "sm_90a" and m["config"] == "tiny"
     fams = {k["family"] for k in m["kernels"]}
     # tiny's KDA head dim (16) has no kda_recurrent kernel: listed as skipped with the reason
-    assert fams == {"gemv", "fused_residual_norm", "prefetch_l2", "moe_experts"}
+    assert fams == {"gemv", "fused_residual_norm", "prefetch_l2", "moe_experts", "router_topk"}
     assert any(s["op"] == "k3fuse::kda_recurrent" and "d=16" in s["reason"] for s in m["skipped"])
     for k in m["kernels"]:
         assert set(k["files"]) == {"py", "ptx", "cubin"}
@@ -120,6 +120,24 @@ def test_kernels_cli_writes_manifest(tmp_path):
     # the KDA and MLA input-projection groups (tiny at TP 1 also has the MoE's routed down + shared gate_up)
     assert sum(k["op"] == "k3fuse::linear_group" for k in g) == 3
     assert any("M=100" in s["reason"] for s in m["skipped"])
+    # opt-in families carry a note saying so
+    assert [k.get("note") for k in m["kernels"] if k["family"] == "router_topk"] == ["K3FUSE_ROUTER_TOPK=1 only"]
+
+
+def test_kernels_cli_lists_inkernel_collectives_under_tp(tmp_path):
+    """TP 2 (tiny): every mix-norm variant has its in-kernel all-reduce twin (+ the partial-addend one for an addend)
+    and the MoE split's packed gather has its kernel; all compile."""
+    from k3fuse.codegen import kernels_cli
+    out = tmp_path / "kout"
+    assert kernels_cli.main(["--config", "tiny", "--tp", "2", "--batch", "1", "--arch", "sm_90a", "--out", str(out),
+                             "--only", "fused_residual_norm,mixnorm_allreduce,allgather_oneshot"]) == 0
+    ks = json.loads((out / "manifest.json").read_text())["kernels"]
+    frn = [k for k in ks if k["family"] == "fused_residual_norm"]
+    ar = [k for k in ks if k["family"] == "mixnorm_allreduce"]
+    assert len(ar) == len(frn) + sum(k["config"]["addend"] for k in frn)
+    assert all(k["config"]["world"] == 2 and not (k["config"]["addend"] and k["config"]["paddend"]) for k in ar)
+    ag = [k for k in ks if k["family"] == "allgather_oneshot"]
+    assert len(ag) == 1 and ag[0]["op"] == "k3fuse::all_gather" and ag[0]["shape"]["row_bytes"] == 8 // 2 * 4 + 48 // 2 * 2
 
 
 # PDL (config "pdl": 1): both variants, the small K3 shapes it is meant for, one fused simt kernel (2 weight
