@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -120,7 +119,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
     jobs.append(dict(family="prefetch_l2", op="k3fuse::prefetch_l2", shape={}, bucket=None, config={},
                      name="prefetch_l2"))
     # in-kernel collectives over peer buffers (K3FUSE_INKERNEL_COLLECTIVES=1), for 2 <= TP <= 8
-    from . import allgather_oneshot, mixnorm_allreduce
+    from . import mixnorm_allreduce
     if 2 <= tp <= mixnorm_allreduce.MAX_WORLD:
         note = "K3FUSE_INKERNEL_COLLECTIVES=1 only"
         for j in [j for j in jobs if j["family"] == "fused_residual_norm"]:
