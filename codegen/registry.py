@@ -13,7 +13,8 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel; under TP with
                                K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel all-reduce (mixnorm_allreduce.py)
   k3fuse::all_gather           with K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel gather (allgather_oneshot.py)
-  k3fuse::topk_from_logits     with K3FUSE_ROUTER_TOPK=1: the router top-k kernel (router_topk.py)
+  k3fuse::topk_from_logits, router_logits, router_topk   with K3FUSE_ROUTER_TOPK=1: the router top-k kernel
+                               after a bf16 -> fp32 cuBLAS GEMM (router_topk.py)
   k3fuse::prefetch_l2          bulk L2 prefetch on a side stream
   k3fuse::kda_recurrent, mla_attention, moe_experts   (kda_recurrent.py, mla_attention.py, moe_experts.py)
 and, where compiler/ops.py defines them, the fused GEMVs k3fuse::rms_norm_linear, k3fuse::linear_situ_glu and

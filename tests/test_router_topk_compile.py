@@ -68,3 +68,13 @@ def test_router_topk_fallback_on_cpu():
     assert torch.equal(ids, rids) and torch.equal(w, rw)
     assert rt.launch_ok(logits.double(), bias, 6) and rt.launch_ok(logits, bias[:5], 6)
     assert rt.launch_ok(logits, bias, 6) is None
+
+
+def test_router_logits_and_topk_fallback_on_cpu():
+    import torch
+    from k3fuse import ops
+    x, w, b = torch.randn(3, 64).bfloat16(), torch.randn(16, 64).bfloat16(), torch.randn(16) * 0.1
+    assert torch.equal(rt.router_logits_cuda(x, w), ops.router_logits._init_fn(x, w))
+    ids, wt = rt.router_topk_cuda(x, w, b, 4, True, 2.5)
+    rids, rwt = ops.router_topk._init_fn(x, w, b, 4, True, 2.5)
+    assert torch.equal(ids, rids) and torch.equal(wt, rwt)
