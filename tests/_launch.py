@@ -1,16 +1,16 @@
-"""Launch a gloo world of worker scripts (one process per rank) for the CPU tensor-parallel tests."""
+"""Launch worker scripts, one process per rank: gloo worlds for the CPU tensor-parallel tests, GPU worlds for the
+multi-GPU collective tests."""
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 
-def launch_ranks(script: str, world: int, tmp: Path, seed: int, timeout: int = 300) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    if os.path.exists("/sys/class/net/lo"):
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+def run_workers(script: str, world: int, args: list, env: dict | None = None, timeout: int = 300) -> None:
+    """Start tests/<script> once per rank r as `python script r *args`; every rank must exit 0 (its log otherwise)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **(env or {}))
     worker = str(Path(__file__).parent / script)
-    procs = [subprocess.Popen([sys.executable, worker, str(r), str(world), str(tmp / "store"), str(tmp), str(seed)],
+    procs = [subprocess.Popen([sys.executable, worker, str(r), *map(str, args)],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
              for r in range(world)]
     logs = []
@@ -24,3 +24,10 @@ def launch_ranks(script: str, world: int, tmp: Path, seed: int, timeout: int = 3
                 p.wait()
     for r, p in enumerate(procs):
         assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
+
+
+def launch_ranks(script: str, world: int, tmp: Path, seed: int, timeout: int = 300) -> None:
+    """A gloo world on CPU: worker argv = rank, world, store file, tmp dir, seed."""
+    env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")} if os.path.exists("/sys/class/net/lo") \
+        else {}
+    run_workers(script, world, [world, tmp / "store", tmp, seed], env, timeout)

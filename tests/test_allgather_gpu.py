@@ -10,7 +10,6 @@ Several GPUs: W processes on the symmetric-memory backend against NCCL all_gathe
 _allgather_worker.py; skipped unless torch.cuda.device_count() >= 2).
 """
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -296,19 +295,8 @@ N_GPUS = torch.cuda.device_count()
 def test_symmetric_memory_multi_process(W, tmp_path):
     if N_GPUS < W:
         pytest.skip(f"needs {W} GPUs (have {N_GPUS})")
-    env = dict(os.environ, NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-               OMP_NUM_THREADS="1", K3FUSE_INKERNEL_COLLECTIVES="1")
-    worker = str(Path(__file__).parent / "_allgather_worker.py")
-    procs = [subprocess.Popen([sys.executable, worker, str(r), str(W), str(tmp_path)], env=env, text=True,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for r in range(W)]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=600)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _launch import run_workers
+    run_workers("_allgather_worker.py", W, [W, tmp_path], dict(
+        NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
+        K3FUSE_INKERNEL_COLLECTIVES="1"), timeout=600)
