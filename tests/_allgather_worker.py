@@ -18,6 +18,7 @@ os.environ.setdefault("K3FUSE_INKERNEL_COLLECTIVES", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from _check import rel  # noqa: E402
 
 E, D, H, K = 896, 3584, 7168, 1536
 
@@ -116,11 +117,6 @@ def main():
     mar.check_error(peer)
     out, newp = res
     rn, rp = ops.fused_residual_norm._init_fn(o, w, share, p, blocks, w_mix, norm_w, 1e-5, 1e-5, name, False, True)
-
-    def rel(a, b):
-        a, b = a.double(), b.double()
-        assert torch.isfinite(a).all()
-        return ((a - b).norm() / b.norm()).item()
 
     assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2, "partial addend vs the op's reference (NCCL)"
     outs = [torch.empty_like(out) for _ in range(world)]

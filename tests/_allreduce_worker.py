@@ -16,14 +16,9 @@ os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
+from _check import rel  # noqa: E402
 
 H, K = 7168, 1536
-
-
-def rel(out, ref):
-    out, ref = out.double(), ref.double()
-    assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite output"
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 def main():

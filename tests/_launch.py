@@ -31,3 +31,12 @@ def launch_ranks(script: str, world: int, tmp: Path, seed: int, timeout: int = 3
     env = {"GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME", "lo")} if os.path.exists("/sys/class/net/lo") \
         else {}
     run_workers(script, world, [world, tmp / "store", tmp, seed], env, timeout)
+
+
+# NVLink multicast stays off on the lent multi-GPU machines, also in the processes the tests start
+MULTICAST_OFF = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
+
+
+def run_gpu_workers(script: str, world: int, tmp: Path, env: dict | None = None, timeout: int = 600) -> None:
+    """One process per GPU: worker argv = rank, world, tmp dir; multicast off."""
+    run_workers(script, world, [world, tmp], {**MULTICAST_OFF, **(env or {})}, timeout)

@@ -296,7 +296,5 @@ def test_symmetric_memory_multi_process(W, tmp_path):
     if N_GPUS < W:
         pytest.skip(f"needs {W} GPUs (have {N_GPUS})")
     sys.path.insert(0, str(Path(__file__).parent))
-    from _launch import run_workers
-    run_workers("_allgather_worker.py", W, [W, tmp_path], dict(
-        NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1",
-        K3FUSE_INKERNEL_COLLECTIVES="1"), timeout=600)
+    from _launch import run_gpu_workers
+    run_gpu_workers("_allgather_worker.py", W, tmp_path, dict(K3FUSE_INKERNEL_COLLECTIVES="1"))

@@ -27,18 +27,14 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cutlass")
 
+from _check import rel  # noqa: E402
+
 from k3fuse import ops  # noqa: E402
 from k3fuse import peer_buffers as pbuf  # noqa: E402
 from k3fuse.codegen import fused_residual_norm as frn  # noqa: E402
 from k3fuse.codegen import mixnorm_allreduce as mar  # noqa: E402
 
 H, K = 7168, 1536          # the TP8 o_proj slice per rank (K3_MODEL.md section 8); the full K is W * K here
-
-
-def rel(out, ref):
-    out = out.double()
-    assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite output"
-    return ((out - ref.double()).norm() / ref.double().norm()).item()
 
 
 def bf(*shape, scale=1.0):
@@ -308,6 +304,5 @@ def test_symmetric_memory_multi_process(W, tmp_path):
     if N_GPUS < W:
         pytest.skip(f"needs {W} GPUs (have {N_GPUS})")
     sys.path.insert(0, str(Path(__file__).parent))
-    from _launch import run_workers
-    run_workers("_allreduce_worker.py", W, [W, tmp_path], dict(
-        NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1"), timeout=600)
+    from _launch import run_gpu_workers
+    run_gpu_workers("_allreduce_worker.py", W, tmp_path)

@@ -10,13 +10,9 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cutlass")
 
+from _check import rel  # noqa: E402
+
 LOWER_BOUND = -5.0
-
-
-def rel(out, ref):
-    out = out.double()
-    assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite output"
-    return ((out - ref.double()).norm() / ref.double().norm()).item()
 
 
 def inputs(M, h, d, adt=torch.bfloat16, bdt=torch.bfloat16, gen=None):

@@ -9,11 +9,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cutlass")
 
-
-def rel(out, ref):
-    out = out.double()
-    assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite output"
-    return ((out - ref.double()).norm() / ref.double().norm()).item()
+from _check import rel  # noqa: E402
 
 
 def bf(*shape, scale=1.0):

@@ -11,14 +11,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cutlass")
 
+from _check import rel  # noqa: E402
+
 SCALE = 192 ** -0.5
 N, V, R, C = 128, 128, 64, 512
-
-
-def rel(out, ref):
-    out = out.double()
-    assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite output"
-    return ((out - ref.double()).norm() / ref.double().norm()).item()
 
 
 def inputs(M, h, T, seq_lens, qdtype=torch.bfloat16):

@@ -10,15 +10,11 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cutlass")
 
+from _check import rel  # noqa: E402
+
 E, D, KT = 896, 3584, 16
 I_TP = {16: 192, 8: 384}
 BETA, LBETA = 4.0, 25.0
-
-
-def rel(out, ref):
-    out = out.double()
-    assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite output"
-    return ((out - ref.double()).norm() / ref.double().norm()).item()
 
 
 @pytest.fixture(scope="module", params=[16, 8], ids=["tp16", "tp8"])
