@@ -113,6 +113,9 @@ def topk_from_logits_cuda(logits, bias, top_k, renormalize, scale):
     return topk_from_logits(logits, bias, top_k, renormalize, scale)
 
 
+_mm_out_dtype = True      # until torch.mm(..., out_dtype=float32) fails once
+
+
 def router_logits_cuda(x, weight):
     """CUDA implementation of k3fuse::router_logits (fp32 x @ weight^T of bf16 operands): one cuBLAS GEMM with bf16
     inputs and an fp32 output (`mm(..., out_dtype=float32)`, fp32 accumulate: the reference's math up to the
@@ -121,13 +124,16 @@ def router_logits_cuda(x, weight):
     import torch
     from k3fuse import ops
     from .registry import log_fallback
+    global _mm_out_dtype
     op = "k3fuse::router_logits"
     if x.dtype == weight.dtype == torch.bfloat16 and x.is_cuda and weight.dim() == 2:
-        try:
-            x2 = x.reshape(-1, x.shape[-1])
-            return torch.mm(x2, weight.t(), out_dtype=torch.float32).reshape(*x.shape[:-1], weight.shape[0])
-        except (RuntimeError, TypeError) as e:        # a torch without mm(out_dtype) for these operands
-            log_fallback(op, f"mm(out_dtype=float32) unavailable: {str(e)[:120]}")
+        if _mm_out_dtype:
+            try:
+                x2 = x.reshape(-1, x.shape[-1])
+                return torch.mm(x2, weight.t(), out_dtype=torch.float32).reshape(*x.shape[:-1], weight.shape[0])
+            except (RuntimeError, TypeError) as e:    # a torch without mm(out_dtype): found once, not per call
+                _mm_out_dtype = False
+                log_fallback(op, f"mm(out_dtype=float32) unavailable: {str(e)[:120]}")
     else:
         log_fallback(op, f"operands {x.dtype} / {weight.dtype} on {x.device} (the fp32-output GEMM is for bf16 CUDA)")
     return ops.router_logits._init_fn(x, weight)

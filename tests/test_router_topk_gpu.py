@@ -61,5 +61,6 @@ def test_router_logits_and_topk_cuda(M, seed):
     assert lg.dtype == torch.float32 and ((lg - ref).norm() / ref.norm()).item() < 1e-5
     ids, wt = rt.router_topk_cuda(x, w, bias, 16, True, 2.5)
     rids, rwt = ops.router_topk._init_fn(x, w, bias, 16, True, 2.5)
-    assert (ids == rids).float().mean().item() > 0.99      # summation order may swap a near-tie
-    assert torch.allclose(wt.sum(-1), rwt.sum(-1), rtol=1e-5)
+    same = ids == rids
+    assert same.float().mean().item() > 0.99              # summation order may swap a near-tie
+    assert torch.allclose(wt[same], rwt[same], rtol=1e-5)   # the weights of the experts both chose
