@@ -36,6 +36,8 @@ os.environ.setdefault("NVSHMEM_DISABLE_NVLS", "1")
 
 import torch  # noqa: E402
 
+from gpu_kernels import graph_time  # noqa: E402  (benchmarks/ is the script's directory)
+
 H, K = 7168, 1536          # K3 o_proj per-rank slice at TP8 (7168 x 1536); the same K per rank at every W here
 NB = 3                     # block snapshots in the mix (a mid-model layer)
 NOTE = ("emulated ranks share one GPU: not a measurement of NVLink latency; it shows the protocol's cost "
@@ -47,26 +49,8 @@ def bf(*shape, scale=1.0, dev="cuda"):
 
 
 def time_graph(fn, steps, reps, sync=None):
-    """Median time of one step: a CUDA graph of `steps` calls of fn, replayed `reps` times."""
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(steps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(reps):
-        if sync:
-            sync()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / steps)
-    return statistics.median(ts)
+    """Median time of one step: a CUDA graph of `steps` calls of fn, replayed `reps` times (sync() before each)."""
+    return graph_time(lambda i: fn(), steps, reps, before_replay=sync)[0]
 
 
 class State:
@@ -286,32 +270,27 @@ def main():
         with open(os.path.join(args.out, "allreduce_bench.json"), "w") as f:
             json.dump(results, f, indent=1)
 
-    for W in worlds:
-        for M in ms:
-            if W * M > 64 or "ag" not in what:
-                continue
-            try:
-                r = bench_gather_emulated(W, M, args.steps, args.reps)
-                results["rows"].append(r)
-                print(f"emulated gather W={W} M={M} ({r['row_bytes']} B/row): in-kernel {r['fused_us']:.1f} us, "
-                      f"W local cat copies {r['copy_us']:.1f} us  [{time.time() - t0:.0f} s]", flush=True)
-            except Exception as e:
-                results["errors"].append(f"emulated gather W={W} M={M}: {e!r}"[:500])
-                print(results["errors"][-1], flush=True)
-            save()
-    for W in worlds:
-        for M in ms:
-            if W * M > 64 or "ar" not in what:
-                continue
-            try:
-                r = bench_emulated(W, M, args.steps, args.reps)
-                results["rows"].append(r)
-                print(f"emulated W={W} M={M}: fused {r['fused_us']:.1f} us, separate {r['separate_us']:.1f} us, "
-                      f"tp1 {r['tp1_us']:.1f} us  [{time.time() - t0:.0f} s]", flush=True)
-            except Exception as e:
-                results["errors"].append(f"emulated W={W} M={M}: {e!r}"[:500])
-                print(results["errors"][-1], flush=True)
-            save()
+    emulated = []                                   # (collective, bench, label, line for a row)
+    if "ag" in what:
+        emulated.append(("gather", bench_gather_emulated, lambda r: f"({r['row_bytes']} B/row): in-kernel "
+                         f"{r['fused_us']:.1f} us, W local cat copies {r['copy_us']:.1f} us"))
+    if "ar" in what:
+        emulated.append(("", bench_emulated, lambda r: f"fused {r['fused_us']:.1f} us, separate "
+                         f"{r['separate_us']:.1f} us, tp1 {r['tp1_us']:.1f} us"))
+    for label, bench, line in emulated:
+        for W in worlds:
+            for M in ms:
+                if W * M > 64:                      # every rank's CTAs must be resident at once
+                    continue
+                name = f"emulated {label + ' ' if label else ''}W={W} M={M}"
+                try:
+                    r = bench(W, M, args.steps, args.reps)
+                    results["rows"].append(r)
+                    print(f"{name} {line(r)}  [{time.time() - t0:.0f} s]", flush=True)
+                except Exception as e:
+                    results["errors"].append(f"{name}: {e!r}"[:500])
+                    print(results["errors"][-1], flush=True)
+                save()
     n = torch.cuda.device_count()
     for W in worlds:
         if W > n:

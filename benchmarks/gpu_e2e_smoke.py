@@ -68,7 +68,7 @@ def run(name, cfg, M, steps=16, inner="eager", baseline=False):
     ct = model.new_cache(M, 64)     # teacher-forced: eager's state copied in before every compiled step
     # baseline: plain torch.compile (Inductor) teacher-forced the same way, for the bf16 noise of any compiler
     ind = torch.compile(model, fullgraph=True, dynamic=False) if baseline else None
-    ci, base = model.new_cache(M, 64), []
+    ci, base = (model.new_cache(M, 64) if baseline else None), []
     g = torch.Generator().manual_seed(1)
     errs, errs32, eager32, forced, same, same_forced = [], [], [], [], True, True
     t0 = time.perf_counter()

@@ -69,8 +69,9 @@ def precompile(jobs, workers):
     return bad
 
 
-def graph_time(fn, iters_per_graph=20, replays=15):
-    """Median microseconds per call of fn(i) (i = launch index), from CUDA-graph replays timed with events."""
+def graph_time(fn, iters_per_graph=20, replays=15, before_replay=None):
+    """Median microseconds per call of fn(i) (i = launch index), from CUDA-graph replays timed with events.
+    before_replay(): host work between timed replays (refill inputs, a barrier across ranks), outside the timing."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -86,6 +87,8 @@ def graph_time(fn, iters_per_graph=20, replays=15):
     torch.cuda.synchronize()
     ts = []
     for _ in range(replays):
+        if before_replay is not None:
+            before_replay()
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         g.replay()

@@ -14,14 +14,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import time
 import zlib
 
 import torch
 from torch import nn
 
-from gpu_kernels import copy_bandwidth  # same 1 GiB device copy, bytes read + written
+from gpu_kernels import copy_bandwidth, graph_time  # the same copy-bandwidth and graph timing
 
 from k3fuse.models import KimiK3Cache, KimiK3Config
 from k3fuse.models.modeling_kimi_k3 import TP, KimiK3DecoderLayer, init_tensor
@@ -106,28 +105,8 @@ def floor_bytes(cfg, m: OneLayer, inp, M) -> int:
 
 
 def time_graph(fn, copies, reps=20):
-    """Capture fn over every (layer, inputs) copy in one CUDA graph; median replay time per layer in us."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for m, inp in copies:
-            fn(m, *inp)
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for m, inp in copies:
-            fn(m, *inp)
-    for _ in range(3):
-        g.replay()
-    ts = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        ts.append(a.elapsed_time(b) * 1e3 / len(copies))
-    return statistics.median(ts)
+    """fn over every (layer, inputs) copy in one CUDA graph; median replay time per layer in us."""
+    return graph_time(lambda i: fn(copies[i % len(copies)][0], *copies[i % len(copies)][1]), len(copies), reps)[0]
 
 
 def profile_kernels(fn, m, inp):
