@@ -257,6 +257,7 @@ def main():
     ap.add_argument("--ms", default="1,8")
     ap.add_argument("--worlds", default="2,4,8")
     ap.add_argument("--what", default="ar,ag", help="ar: all-reduce + mix-norm rows; ag: all-gather rows")
+    ap.add_argument("--skip-emulated", action="store_true", help="only the multi-GPU (one process per GPU) rows")
     args = ap.parse_args()
     what = args.what.split(",")
     ms = [int(x) for x in args.ms.split(",")]
@@ -277,7 +278,7 @@ def main():
     if "ar" in what:
         emulated.append(("", bench_emulated, lambda r: f"fused {r['fused_us']:.1f} us, separate "
                          f"{r['separate_us']:.1f} us, tp1 {r['tp1_us']:.1f} us"))
-    for label, bench, line in emulated:
+    for label, bench, line in ([] if args.skip_emulated else emulated):
         for W in worlds:
             for M in ms:
                 if W * M > 64:                      # every rank's CTAs must be resident at once

@@ -50,7 +50,7 @@ def main():
         return torch.randint(-2**31, 2**31 - 1, (M, n), generator=gen, dtype=torch.int32).to(dev).view(dtype)
 
     widths = [E // world * 2 + D // world, H // world]
-    for M in (1, 8):
+    for M in (1, 2, 4, 8, 16, 32, 64):     # every batch bucket
         for C in widths:
             ag.build_for(peer, C * 2)
             dist.barrier()      # every rank compiled before any kernel can spin on a peer's compile

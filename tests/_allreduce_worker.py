@@ -38,7 +38,9 @@ def main():
     def g(*shape, scale=1.0):
         return (torch.randn(*shape, generator=gen) * scale).to(torch.bfloat16).to(dev)
 
-    for M, nb, addend in ((1, 3, False), (8, 8, True)):
+    # every batch bucket (codegen/buckets.py), block counts and the addend varied across them
+    for M, nb, addend in ((1, 3, False), (2, 8, True), (4, 1, False), (8, 8, True), (16, 3, True), (32, 8, False),
+                          (64, 3, True)):
         o_full, w_full = g(M, world * K), g(H, world * K, scale=(world * K) ** -0.5)
         o = o_full[:, rank * K:(rank + 1) * K].contiguous()
         w = w_full[:, rank * K:(rank + 1) * K].contiguous()
