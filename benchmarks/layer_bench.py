@@ -37,20 +37,21 @@ def per_rank_config(tp: int) -> KimiK3Config:
 
 
 class OneLayer(nn.Module):
-    def __init__(self, cfg, layer):
+    def __init__(self, cfg, layer, group=None):
         super().__init__()
-        self.layer = KimiK3DecoderLayer(cfg, layer, TP(None), torch.bfloat16)
+        self.layer = KimiK3DecoderLayer(cfg, layer, TP(group), torch.bfloat16)
 
     def forward(self, prefix, b0, b1, mlp_out, cache: KimiK3Cache):
         return self.layer(prefix, [b0, b1], mlp_out, cache)
 
 
 @torch.no_grad()
-def make_layer(cfg, kind, seed, device="cuda"):
+def make_layer(cfg, kind, seed, device="cuda", group=None):
+    """The layer's per-rank shapes: cfg's (per_rank_config) without a group; the full config sharded with one."""
     l = LAYER[kind]
     assert cfg.layer_kind(l) == kind
     with torch.device("meta"):
-        m = OneLayer(cfg, l)
+        m = OneLayer(cfg, l, group)
     m = m.to_empty(device=device)
     for name, p in m.named_parameters():
         g = torch.Generator(device=device).manual_seed(seed + zlib.crc32(name.encode()))

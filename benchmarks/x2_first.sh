@@ -1,10 +1,9 @@
 #!/bin/bash
+# Session-3 device call on nvidia-h200-x2 (through benchmarks/on_device.sh); logs under $OUT.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 CUDA_DEVICE_MAX_CONNECTIONS=32
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"
-nvidia-smi topo -m > $OUT/topo.txt 2>&1; nvidia-smi -L >> $OUT/topo.txt
 t() { echo "== $*"; local s=$(date +%s); "$@" > "$OUT/$(echo "$*" | tr -c 'a-zA-Z0-9' _ | cut -c1-60).log" 2>&1;
       echo "   rc=$? $(( $(date +%s) - s )) s"; }
-t timeout 300 python3 -m pytest -q -p no:cacheprovider -rs tests/test_allreduce_gpu.py tests/test_allgather_gpu.py -k multi_process
-t timeout 150 python3 benchmarks/allreduce_bench.py --out "$OUT" --what ar,ag --worlds 2 --ms 1,2,4,8,16,32,64 --skip-emulated
-t timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_router_topk_gpu.py tests/test_runtime_gpu.py
-for f in "$OUT"/*.log; do echo "--- $f"; tail -15 "$f"; done
+t timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_mla_kernel_gpu.py -k head_groups tests/test_runtime_gpu.py
+t timeout 400 python3 benchmarks/tp_layer_bench.py --out "$OUT" --tp 2 --kinds kda,mla --ms 1,8,64
+for f in "$OUT"/*.log; do echo "--- $f"; grep -v DEBUG "$f" | tail -22; done

@@ -101,8 +101,10 @@ def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_n
 
 
 def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm,
-                        out=None, new_prefix=None):
-    """CUDA implementation of k3fuse::fused_residual_norm (same signature). Caller checked launch_ok()."""
+                        out=None, new_prefix=None, addend_partial=False):
+    """CUDA implementation of k3fuse::fused_residual_norm (same signature). Caller checked launch_ok().
+    With a group this is GEMV + NCCL all-reduce + the mix-norm kernel (the in-kernel all-reduce is
+    mixnorm_allreduce.py); addend_partial: this rank's share of the addend joins y before the reduction."""
     import torch
     from . import gemv
     M = o.shape[0]
@@ -112,6 +114,9 @@ def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, 
         y = gemv.linear(o, w_o, cfg)
     else:
         y = torch.nn.functional.linear(o, w_o)
+    if addend is not None and addend_partial:
+        y = addend + y                              # ops.py's order: bf16(addend + y), then the reduction
+        addend = None
     if group_name:
         y = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(y, "sum", group_name))
     return mix_norm(y, addend, prefix, list(blocks), w_mix, norm_w, mix_eps, norm_eps, fp32_norm, out, new_prefix)

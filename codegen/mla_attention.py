@@ -208,8 +208,23 @@ def _reference(q_nope, q_pe, cache, kv_b, seq_lens, scale):
 
 def mla_attention_cuda(q_nope, q_pe, cache, kv_b, seq_lens, scale):
     """CUDA implementation of k3fuse::mla_attention (same signature); the reference where the kernel does not apply."""
+    import torch
     from .prefetch import join_pending
     from .registry import _env_ok, log_fallback
+    h = q_nope.shape[1] if q_nope.dim() == 3 else 0
+    if h > MAX_HEADS and kv_b.dim() == 2 and kv_b.shape[0] % h == 0:
+        # more heads per rank than one CTA holds (TP < 8): equal head groups of <= MAX_HEADS, one launch each.
+        # Each launch reads the whole latent cache again (it is shared by the heads), so this is a fallback for
+        # small TP, not the fast path.
+        g = -(-h // MAX_HEADS)
+        if h % g == 0:
+            hg, rows = h // g, kv_b.shape[0] // h
+            parts = [(q_nope[:, i * hg:(i + 1) * hg], q_pe[:, i * hg:(i + 1) * hg],
+                      kv_b[i * hg * rows:(i + 1) * hg * rows]) for i in range(g)]
+            if all(launch_ok(qn, qp, cache, kb, seq_lens) is None for qn, qp, kb in parts) \
+                    and _env_ok(OP, cache.device):
+                join_pending()
+                return torch.cat([mla_attention(qn, qp, cache, kb, seq_lens, scale) for qn, qp, kb in parts], 1)
     reason = launch_ok(q_nope, q_pe, cache, kv_b, seq_lens)
     if reason is not None:
         log_fallback(OP, reason)

@@ -181,9 +181,6 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
         reason = "empty batch"
     elif M > MAX_M:
         reason = f"M={M} > {MAX_M}"
-    elif addend_partial and addend is not None and group_name:
-        # the MoE split's routed slice must join the GEMV output before the reduction
-        reason = "partial addend under TP (needs the in-kernel all-reduce: K3FUSE_INKERNEL_COLLECTIVES=1)"
     else:
         reason = frn.launch_ok(o, w_o, addend, prefix, blocks, norm_w)
     if reason is None and not _env_ok(op, o.device):
@@ -194,7 +191,7 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
                                            group_name, fp32_norm, addend_partial)
     join_pending()
     return frn.fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
-                                   fp32_norm)
+                                   fp32_norm, addend_partial=addend_partial)
 
 
 # ------------------------------------------------------------------------------------------------ all_gather

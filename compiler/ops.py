@@ -209,7 +209,8 @@ def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor,
     s = (torch.einsum("mhc,mtc->mht", q_lat, c) + torch.einsum("mhr,mtr->mht", q_pe.float(), kpe)) * scale
     valid = torch.arange(cache.shape[1], device=cache.device).view(1, 1, -1) <= seq_lens.view(M, 1, 1)
     p = torch.softmax(s.masked_fill(~valid, float("-inf")), dim=-1)
-    return torch.einsum("mhc,hvc->mhv", torch.einsum("mht,mtc->mhc", p, c), w[:, n:])
+    # contiguous: a custom op's output must have the fake's strides, and on CUDA einsum returns an [h, M, v] buffer
+    return torch.einsum("mhc,hvc->mhv", torch.einsum("mht,mtc->mhc", p, c), w[:, n:]).contiguous()
 
 
 @mla_attention.register_fake

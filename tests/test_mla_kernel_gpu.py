@@ -110,6 +110,18 @@ def test_mla_cuda_impl_and_fallback(seed):
     assert torch.equal(ma.mla_attention_cuda(*small, SCALE), ops.mla_attention._init_fn(*small, SCALE))
 
 
+@pytest.mark.parametrize("h", [24, 48])
+def test_mla_head_groups_above_max_heads(h, seed):
+    """TP2 / TP4 have 48 / 24 heads per rank, more than one launch takes: the CUDA impl runs equal head groups."""
+    from k3fuse.codegen import mla_attention as ma
+    args = inputs(3, h, 600, [599, 7, 300])
+    assert ma.launch_ok(*args) is not None                  # one launch cannot take it
+    o = ma.mla_attention_cuda(*args, SCALE)
+    torch.cuda.synchronize()
+    assert o.shape == (3, h, V) and o.is_contiguous()
+    assert rel(o, reference(*args, SCALE)) < 1e-2
+
+
 @pytest.mark.parametrize("M", [1, 8])
 def test_mla_cuda_graph_replay(M, seed):
     """Capture the kernels in a CUDA graph; replay on new q, cache contents and seq_lens."""
