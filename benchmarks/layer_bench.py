@@ -55,7 +55,10 @@ def make_layer(cfg, kind, seed, device="cuda", group=None):
     m = m.to_empty(device=device)
     for name, p in m.named_parameters():
         g = torch.Generator(device=device).manual_seed(seed + zlib.crc32(name.encode()))
-        p.copy_(init_tensor(name, tuple(p.shape), g, cfg.num_hidden_layers, device=device).to(p.dtype))
+        # experts in slices of 64: the whole fp32 temporary is 39 GB at TP2 (the scale depends only on shape[-1])
+        for i in range(0, p.shape[0], 64 if p.dim() == 3 else p.shape[0]):
+            q = p[i:i + 64] if p.dim() == 3 else p
+            q.copy_(init_tensor(name, tuple(q.shape), g, cfg.num_hidden_layers, device=device).to(p.dtype))
     return m.requires_grad_(False)
 
 
