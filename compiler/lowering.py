@@ -37,6 +37,9 @@ def _inline(graph: fx.Graph, n: fx.Node, decomps) -> None:
     ref = getattr(k3ops, n.target._schema.name.split("::")[-1])._init_fn
     flat, spec = torch.utils._pytree.tree_flatten((n.args, n.kwargs))
     tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, fx.Node)]
+    missing = [flat[i].name for i in tensor_pos if "val" not in flat[i].meta]
+    if missing:     # passes fill every value (passes/base.fill_missing_vals); say which node broke that
+        raise RuntimeError(f"k3fuse lowering: inputs {missing} of {n.name} carry no meta['val'] to trace with")
     vals = [flat[i].meta["val"] for i in tensor_pos]
 
     def fn(*ts):

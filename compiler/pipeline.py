@@ -99,8 +99,10 @@ class Pipeline:
             records.append({"name": p.name, "matches": p.matches, "uuid": p.uuid()[:16],
                             "ms": round(1e3 * (time.perf_counter() - t0), 2)})
             self.dump(gm, f"{i:02d}.{p.name}.after.py")
+        # Inductor's invariant, relied on by the lowering: every node carries meta["val"] (passes/base.py)
+        no_val = [n.name for n in gm.graph.nodes if n.op == "call_function" and "val" not in n.meta]
         self.summary = {"graph_id": self.graph_id, "passes": records, "ops_before": ops_before,
-                        "ops": op_counts(gm.graph)}
+                        "ops": op_counts(gm.graph), "nodes_without_val": no_val}
         self.write_summary()
         logger.info("k3fuse graph %d: %s", self.graph_id,
                     ", ".join(f"{r['name']}={r['matches']}" for r in records))

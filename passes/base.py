@@ -44,6 +44,8 @@ class K3FusePass:
         self.skip_reason = None
         self.matches = self.apply(graph, ctx)
         graph.lint()
+        if self.matches:
+            fill_missing_vals(graph)
         if self.skip_reason:
             logger.debug("k3fuse pass %s skipped: %s", self.name, self.skip_reason)
         elif self.matches == 0 and ctx.expect_matches:
@@ -51,3 +53,29 @@ class K3FusePass:
         else:
             logger.debug("k3fuse pass %s: %d matches", self.name, self.matches)
         return self.matches
+
+
+def fill_missing_vals(graph: fx.Graph) -> int:
+    """Inductor's invariant (fx_passes/README.md): every node carries meta["val"]. A node a pass created without one
+    gets it by running its target on its inputs' fake values (nodes in topological order, so inputs come first).
+    Later passes and the lowering (compiler/lowering.py traces inlined ops from these values) rely on it.
+    Returns the number of nodes filled."""
+    import torch
+    from torch._guards import detect_fake_mode
+    from torch.utils._pytree import tree_map
+    todo = [n for n in graph.nodes if n.op == "call_function" and "val" not in n.meta]
+    if not todo:
+        return 0
+    mode = detect_fake_mode([n.meta["val"] for n in graph.nodes if isinstance(n.meta.get("val"), torch.Tensor)])
+    if mode is None:            # a graph traced without fake values (a hand-built test graph): nothing to follow
+        return 0
+    done = 0
+    for n in todo:
+        try:
+            args, kwargs = tree_map(lambda a: a.meta["val"] if isinstance(a, fx.Node) else a, (n.args, n.kwargs))
+            with mode:
+                n.meta["val"] = n.target(*args, **kwargs)
+            done += 1
+        except Exception as e:  # leave it: only consumers that need the value will say so
+            logger.debug("k3fuse: no fake value for %s (%s): %s", n.name, n.target, e)
+    return done
