@@ -2,7 +2,7 @@
 
   python3 benchmarks/group_gemv_bench.py --out $OUT [--tp 16,8] [--ms 1,8]
 
-Per (group, M): the members' separate k3fuse::linear launches (today's path, K3FUSE_GROUPED_GEMV unset), separate
+Per (group, M): the members' separate k3fuse::linear launches (K3FUSE_GROUPED_GEMV=0), separate
 cuBLAS F.linear, and one grouped launch per candidate config (the padded concatenated shape's candidates, pdl
 dropped, plus its tabled/default config); every grouped config is first checked against fp64 with NaN-poisoned
 outputs. Timed as CUDA graphs over weight copies rotated beyond L2 (gpu_kernels.graph_time). Writes
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     from k3fuse.codegen import gemv, registry
     from k3fuse.codegen.buckets import bucket_for
     registry.register()
-    os.environ.pop("K3FUSE_GROUPED_GEMV", None)        # the separate path below is the flag-off behaviour
+    os.environ["K3FUSE_GROUPED_GEMV"] = "0"            # the separate path below is the flag-off behaviour
     bw = copy_bandwidth()
     rows = []
     for tp in (int(t) for t in a.tp.split(",")):

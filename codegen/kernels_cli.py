@@ -102,7 +102,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             routed, why_not = gemv.group_route(Ns, K, b, gpu=_gpu_for(arch))
             jobs.append(dict(family="gemv", op="k3fuse::linear_group", uses=[name], shape=dict(N=Ns, K=K), bucket=b,
                              config=c, name=f"gemv_group_{c['variant']}_{'-'.join(map(str, Ns))}x{K}_b{b}",
-                             used_at_runtime=routed is not None, note=why_not or "K3FUSE_GROUPED_GEMV=1 only"))
+                             used_at_runtime=routed is not None, note=why_not or None))
     H = cfg.hidden_size
     nb_max = min(cfg.num_attn_res_blocks, frn.MAX_BLOCKS)   # a mix sees up to ceil(l / B) blocks
     for addend in (False, True):
@@ -137,8 +137,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         jobs.append(dict(family="router_topk", op="k3fuse::topk_from_logits",
                          shape=dict(E=cfg.num_experts, k=cfg.num_experts_per_token), bucket=None,
                          config=dict(renormalize=cfg.norm_topk_prob, scale=cfg.routed_scaling_factor),
-                         name=f"router_topk_e{cfg.num_experts}_k{cfg.num_experts_per_token}",
-                         note="K3FUSE_ROUTER_TOPK=1 only"))
+                         name=f"router_topk_e{cfg.num_experts}_k{cfg.num_experts_per_token}"))
     # decode attention and routed experts
     from . import kda_recurrent, moe_experts
     d, adt = cfg.kda_head_dim, "bfloat16"

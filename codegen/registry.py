@@ -7,13 +7,13 @@
 registers, with torch.library.register_kernel(..., "cuda", ...):
   k3fuse::linear               GEMV family for M <= 64 where a kernel exists and the tuning table does not
                                prefer cuBLAS; else the unfused path (cuBLAS F.linear for bf16, the reference otherwise)
-  k3fuse::linear_group         with K3FUSE_GROUPED_GEMV=1: one grouped GEMV launch over all the weights (same routing
+  k3fuse::linear_group         unless K3FUSE_GROUPED_GEMV=0: one grouped GEMV launch over all the weights (same routing
                                as one GEMV of the concatenated shape); otherwise, or where it does not apply, one
                                k3fuse::linear CUDA call per weight (what the separate linears did before the pass)
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel; under TP with
                                K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel all-reduce (mixnorm_allreduce.py)
   k3fuse::all_gather           with K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel gather (allgather_oneshot.py)
-  k3fuse::topk_from_logits, router_logits, router_topk   with K3FUSE_ROUTER_TOPK=1: the router top-k kernel
+  k3fuse::topk_from_logits, router_logits, router_topk   unless K3FUSE_ROUTER_TOPK=0: the router top-k kernel
                                after a bf16 -> fp32 cuBLAS GEMM (router_topk.py)
   k3fuse::prefetch_l2          bulk L2 prefetch on a side stream
   k3fuse::kda_recurrent, mla_attention, moe_experts   (kda_recurrent.py, mla_attention.py, moe_experts.py)
@@ -120,8 +120,9 @@ def linear_cuda(x, weight):
 
 # ------------------------------------------------------------------------------------------- linear_group
 def grouped_gemv_enabled() -> bool:
-    """Opt-in until the grouped kernel is timed on the H200 (K3FUSE_GROUPED_GEMV=1)."""
-    return os.environ.get("K3FUSE_GROUPED_GEMV", "0") == "1"
+    """On by default since it was timed on the H200 (RESULTS.md, session 3: the KDA TP16 group 28.7 -> 13.5 us);
+    K3FUSE_GROUPED_GEMV=0 launches one k3fuse::linear per weight instead."""
+    return os.environ.get("K3FUSE_GROUPED_GEMV", "1") != "0"
 
 
 def linear_group_cuda(x, weights):
@@ -133,7 +134,7 @@ def linear_group_cuda(x, weights):
     M = x.numel() // K if K else 0
     reason = None
     if not grouped_gemv_enabled():
-        reason = "K3FUSE_GROUPED_GEMV is not 1 (one k3fuse::linear per weight)"
+        reason = "K3FUSE_GROUPED_GEMV=0 (one k3fuse::linear per weight)"
     elif x.dtype != torch.bfloat16 or any(w.dtype != torch.bfloat16 for w in weights):
         reason = f"dtype {x.dtype}/{sorted({str(w.dtype) for w in weights})} (kernels are bf16)"
     elif not 1 <= M <= MAX_M:
@@ -294,7 +295,7 @@ def register() -> bool:
     from .mla_attention import IMPLS as mla
     from .moe_experts import IMPLS as moe
     impls = {**IMPLS, **kda, **mla, **moe}
-    if os.environ.get("K3FUSE_ROUTER_TOPK", "0") == "1":      # opt-in until tests/test_router_topk_gpu.py ran
+    if os.environ.get("K3FUSE_ROUTER_TOPK", "1") != "0":      # on since it ran on the H200; =0: the ATen path
         from .router_topk import IMPLS as topk
         impls.update(topk)
     # OPTIONAL_IMPLS: registered once compiler/ops.py defines those ops

@@ -9,7 +9,7 @@ Also here: k3fuse::router_logits / router_topk on CUDA as one bf16 x bf16 -> fp3
 the router weight) followed by this kernel.
 
 EXPERIMENTAL: compiled for sm_90a / sm_100a in CI; NOT run on a GPU yet (tests/test_router_topk_gpu.py is written).
-Registered only with K3FUSE_ROUTER_TOPK=1 (see IMPLS and codegen/registry.py).
+Registered unless K3FUSE_ROUTER_TOPK=0 (see IMPLS and codegen/registry.py).
 
 Compile key: the rendered source (E, k, renormalize, scale, threads) + arch; M is a runtime dimension.
 """
@@ -144,6 +144,6 @@ def router_topk_cuda(x, weight, bias, top_k, renormalize, scale):
     return topk_from_logits_cuda(router_logits_cuda(x, weight), bias, top_k, renormalize, scale)
 
 
-# opt-in (K3FUSE_ROUTER_TOPK=1 in codegen/registry.py) until tests/test_router_topk_gpu.py has run on a GPU
+# registered by default (K3FUSE_ROUTER_TOPK=0 in codegen/registry.py opts out); GPU-tested in tests/test_router_topk_gpu.py
 IMPLS = {OP: topk_from_logits_cuda, "k3fuse::router_logits": router_logits_cuda,
          "k3fuse::router_topk": router_topk_cuda}

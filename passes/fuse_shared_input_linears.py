@@ -2,7 +2,7 @@
 
 Why: at M = 1 a GEMV's time is its weight bytes plus a fixed ~1.7 us per launch (H200, 2026-11-29): an 11 MB
 GEMV reaches ~55% of the copy bandwidth, a >= 40 MB one 87-106%. One launch over the members' rows together
-removes G - 1 launches and fixed costs (codegen/gemv.py `linear_group`, opt-in with K3FUSE_GROUPED_GEMV=1).
+removes G - 1 launches and fixed costs (codegen/gemv.py `linear_group`, on by default, K3FUSE_GROUPED_GEMV=0 opts out).
 
 Where it fires in K3 (one group per layer; members after canonicalize and the earlier passes):
   - KDA layers (69): q, k, v, g (each P/t x 7168), f_a (128 x 7168, replicated) and b (heads/t x 7168) of the
