@@ -53,6 +53,21 @@ def default_config(E: int, I: int, D: int, KT: int, bucket: int) -> dict:
             "CPC": cpc_for(I, R, KT, bucket)}
 
 
+KNOBS = ("R", "W", "G", "GROUP", "WD", "LPR", "RT", "CPC")
+
+
+def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] = None) -> dict:
+    """The tuned config of this GPU's table (codegen/tuning/<gpu>.json, "moe_experts:ExIxDxk", measured by
+    benchmarks/moe_sweep.py) where there is one the kernels take, else the heuristic default."""
+    from .tuning import lookup
+    t = lookup(FAMILY, (E, I, D, KT), bucket, gpu)
+    if t:
+        cfg = {k: int(v) for k, v in t.items() if k in KNOBS}
+        if set(cfg) == set(KNOBS) and supports(E, I, D, KT, bucket, cfg) is None:
+            return cfg
+    return default_config(E, I, D, KT, bucket)
+
+
 UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the ids scan before it exits)
 
 
@@ -73,7 +88,7 @@ def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Option
         return f"D={D} or I={I} not a multiple of 8 (16-byte loads)"
     if not 1 <= KT <= 30:
         return f"k={KT} outside 1..30 (slot bitmask)"
-    cfg = cfg or default_config(E, I, D, KT, bucket)
+    cfg = cfg or config_for(E, I, D, KT, bucket)
     if I % (cfg["R"] * cfg.get("CPC", 1)):
         return f"I={I} not a multiple of R * CPC = {cfg['R']} * {cfg.get('CPC', 1)}"
     if (I // 8) % cfg["LPR"] or 32 % cfg["LPR"]:
@@ -97,7 +112,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
 
 
 def render_source(E, I, D, KT, bucket, beta=4.0, lbeta=25.0, cfg: Optional[dict] = None) -> tuple[str, dict]:
-    cfg = dict(cfg or default_config(E, I, D, KT, bucket))
+    cfg = dict(cfg or config_for(E, I, D, KT, bucket))
     why = supports(E, I, D, KT, bucket, cfg)
     if why:
         raise ValueError(why)

@@ -95,3 +95,19 @@ def test_fallback_on_cpu_logs_once(caplog):
     lines = [r for r in caplog.records if "k3fuse::moe_experts" in r.getMessage()]
     assert len(lines) == 1
     assert me.IMPLS == {"k3fuse::moe_experts": me.moe_experts_cuda}
+
+
+def test_tuned_config_lookup(monkeypatch):
+    """codegen/tuning/<gpu>.json entries for moe_experts are used where the kernels take them; a table entry the
+    kernels cannot take, or no entry, gives the heuristic default."""
+    from k3fuse.codegen import moe_experts as me
+    from k3fuse.codegen import tuning
+    E, I, D, KT = 896, 384, 3584, 16
+    tuned = dict(me.default_config(E, I, D, KT, 64), CPC=4, W=4)
+    tables = {"gpu_a": {f"moe_experts:{E}x{I}x{D}x{KT}": {"64": dict(tuned, kernel_us=1.0)}},
+              "gpu_b": {f"moe_experts:{E}x{I}x{D}x{KT}": {"64": dict(tuned, R=4, CPC=64)}}}   # I % (R * CPC) != 0
+    monkeypatch.setattr(tuning, "load_table", lambda gpu: tables.get(gpu, {}))
+    assert me.config_for(E, I, D, KT, 64, gpu="gpu_a") == tuned
+    assert me.config_for(E, I, D, KT, 64, gpu="gpu_b") == me.default_config(E, I, D, KT, 64)
+    assert me.config_for(E, I, D, KT, 8, gpu="gpu_a") == me.default_config(E, I, D, KT, 8)
+    assert me.config_for(E, I, D, KT, 64, gpu="no_such_gpu") == me.default_config(E, I, D, KT, 64)

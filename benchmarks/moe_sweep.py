@@ -1,0 +1,136 @@
+"""Tune the routed-expert kernels (codegen/moe_experts.py) per batch bucket on the GPU: coordinate descent over the
+config knobs from the heuristic default, every candidate checked against the reference (rel err < 1e-2, output
+NaN-poisoned) and timed with CUDA graphs (median of replays; the ~600 chosen experts' weights at M = 64 are GBs,
+far beyond L2, so reads come from HBM).
+
+    python3 benchmarks/moe_sweep.py --out DIR [--tp 16,8] [--ms 8,64]
+
+Writes moe_sweep.json (every trial, the best config per shape x bucket, the floor = bytes of the distinct chosen
+experts / copy bandwidth of the same run) and prints a table; make_tuning_table.py-style entries for
+codegen/tuning/<gpu>.json are under "entries".
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+
+from gpu_kernels import copy_bandwidth, graph_time
+
+E, D, KT = 896, 3584, 16
+I_TP = {16: 192, 8: 384}
+BETA, LBETA = 4.0, 25.0
+KNOBS = [("CPC", (1, 2, 4, 8, 16, 32, 64)), ("R", (1, 2, 4)), ("G", (1, 2, 4, 8)), ("W", (4, 7, 8)),
+         ("LPR", (4, 8, 16)), ("WD", (4, 8, 16)), ("RT", (1, 2))]
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--tp", default="16,8")
+    ap.add_argument("--ms", default="8,64")
+    ap.add_argument("--budget-s", type=float, default=300, help="stop trying candidates after this many seconds")
+    ap.add_argument("--write-table", action="store_true",
+                    help="merge the best configs into codegen/tuning/<gpu>.json (what moe_experts.config_for reads)")
+    args = ap.parse_args()
+    from k3fuse import ops
+    from k3fuse.codegen import moe_experts as me
+    from k3fuse.codegen.buckets import bucket_for
+    t_start = time.time()
+    bw = copy_bandwidth()
+    res = dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), copy_TBps=round(bw / 1e12, 3),
+               trials=[], best={}, entries={})
+    for tp in map(int, args.tp.split(",")):
+        I = I_TP[tp]
+        g = torch.Generator(device="cuda").manual_seed(tp)
+        w13 = (torch.randn(E, 2 * I, D, device="cuda", generator=g) * D ** -0.5).to(torch.bfloat16)
+        w2 = (torch.randn(E, D, I, device="cuda", generator=g) * I ** -0.5).to(torch.bfloat16)
+        for M in map(int, args.ms.split(",")):
+            b = bucket_for(M)
+            torch.manual_seed(M)
+            z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
+            ids = torch.rand(M, E, device="cuda").topk(KT, dim=1).indices.contiguous()   # uniform, distinct per token
+            w = torch.rand(M, KT, device="cuda") + 0.1
+            w = (w / w.sum(1, keepdim=True)).contiguous()
+            ref = torch.cat([ops.moe_experts._init_fn(z[i:i + 8], ids[i:i + 8], w[i:i + 8], w13, w2, BETA, LBETA)
+                             for i in range(0, M, 8)])
+            distinct = ids.unique().numel()
+            floor_us = distinct * (2 * I * D + D * I) * 2 / bw * 1e6
+            out = torch.empty(M, D, device="cuda", dtype=torch.bfloat16)
+            scratch = torch.empty(M, KT, I, device="cuda", dtype=torch.bfloat16)
+            seen = {}
+
+            def trial(cfg):
+                key = json.dumps(cfg, sort_keys=True)
+                if key in seen:
+                    return seen[key]
+                why = me.supports(E, I, D, KT, b, cfg)
+                row = dict(tp=tp, M=M, cfg=cfg)
+                if why:
+                    row["skip"] = why
+                    seen[key] = None
+                    return None
+                try:
+                    me.build(E, I, D, KT, b, BETA, LBETA, cfg)
+                    out.fill_(float("nan"))
+                    me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, cfg, out=out, scratch=scratch)
+                    torch.cuda.synchronize()
+                    row["rel_err"] = rel(out, ref)
+                    if not row["rel_err"] < 1e-2:
+                        raise AssertionError(f"rel err {row['rel_err']}")
+                    row["us"] = round(graph_time(lambda i: me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, cfg,
+                                                                          out=out, scratch=scratch),
+                                                 10, 7)[0], 1)
+                except Exception as e:
+                    row["error"] = f"{type(e).__name__}: {e}"[:300]
+                res["trials"].append(row)
+                print(json.dumps(row), flush=True)
+                seen[key] = row.get("us")
+                return seen[key]
+
+            default = me.default_config(E, I, D, KT, b)
+            best, best_us = dict(default), trial(default)
+            for knob, values in KNOBS:
+                for v in values:
+                    if time.time() - t_start > args.budget_s:
+                        break
+                    if v == best[knob]:
+                        continue
+                    us = trial(dict(best, **{knob: v}))
+                    if us is not None and (best_us is None or us < best_us * 0.98):   # 2%: not noise
+                        best, best_us = dict(best, **{knob: v}), us
+            name = f"tp{tp} M={M}"
+            res["best"][name] = dict(default=default, default_us=seen[json.dumps(default, sort_keys=True)],
+                                     best=best, best_us=best_us, floor_us=round(floor_us, 1), distinct=distinct)
+            if best_us is not None:
+                res["entries"].setdefault(f"moe_experts:{E}x{I}x{D}x{KT}", {})[str(b)] = dict(
+                    best, kernel_us=best_us, default_us=res["best"][name]["default_us"])
+            with open(os.path.join(args.out, "moe_sweep.json"), "w") as f:
+                json.dump(res, f, indent=1)
+        del w13, w2
+        torch.cuda.empty_cache()
+    if args.write_table and res["entries"]:
+        from k3fuse.codegen import tuning
+        path = tuning.TABLE_DIR / f"{tuning.gpu_slug(res['gpu'])}.json"
+        table = json.loads(path.read_text()) if path.is_file() else {"gpu": res["gpu"], "entries": {}}
+        for k, v in res["entries"].items():
+            table["entries"].setdefault(k, {}).update(v)
+        table.setdefault("measured_moe", f"{res['date']}, python3 benchmarks/moe_sweep.py --write-table")
+        path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+        print(f"wrote {len(res['entries'])} moe_experts entries into {path}")
+    print(f"\n{'shape':<12} {'distinct':>8} {'floor us':>9} {'default us':>10} {'best us':>8}  best config")
+    for name, r in res["best"].items():
+        print(f"{name:<12} {r['distinct']:>8} {r['floor_us']:>9.1f} {r['default_us'] or float('nan'):>10.1f} "
+              f"{r['best_us'] or float('nan'):>8.1f}  {r['best']}")
+
+
+if __name__ == "__main__":
+    main()
