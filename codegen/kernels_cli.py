@@ -151,12 +151,15 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
     from . import mla_attention
     h, n, v, r, C = (cfg.num_attention_heads // tp, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_rope_head_dim,
                      cfg.kv_lora_rank)
+    groups = mla_attention.head_groups(h)
+    h = h // groups if groups > 1 else h            # TP < 8: the head-group kernel, launched `groups` times
     why = mla_attention.supports(h, n, v, r, C)
     if why:
         skipped.append(dict(op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C), reason=why))
     else:
         jobs.append(dict(family="mla_attention", op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C),
-                         bucket=None, config=dict(scale=(n + r) ** -0.5), name=f"mla_attention_h{h}_c{C}"))
+                         bucket=None, config=dict(scale=(n + r) ** -0.5), name=f"mla_attention_h{h}_c{C}",
+                         **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp
     for b in buckets:
@@ -164,8 +167,9 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         if why:
             skipped.append(dict(op="k3fuse::moe_experts", shape=dict(E=E, I=I, D=D, k=KT), bucket=b, reason=why))
             continue
+        kc = moe_experts.config_for(E, I, D, KT, b, gpu=_gpu_for(arch))     # the tuned table's, as at run time
         jobs.append(dict(family="moe_experts", op="k3fuse::moe_experts", shape=dict(E=E, I=I, D=D, k=KT), bucket=b,
-                         config=dict(beta=cfg.activation_situ_beta, lbeta=cfg.activation_situ_linear_beta),
+                         config=dict(beta=cfg.activation_situ_beta, lbeta=cfg.activation_situ_linear_beta, kernel=kc),
                          name=f"moe_experts_e{E}_i{I}_d{D}_k{KT}_b{b}"))
     return jobs, skipped
 
@@ -202,8 +206,8 @@ def build_job(job: dict, arch: str):
     if job["family"] == "moe_experts":
         from . import moe_experts
         s, c = job["shape"], job["config"]
-        return moe_experts.build(s["E"], s["I"], s["D"], s["k"], job["bucket"], c["beta"], c["lbeta"], arch=arch,
-                                 load=False)
+        return moe_experts.build(s["E"], s["I"], s["D"], s["k"], job["bucket"], c["beta"], c["lbeta"],
+                                 cfg=c.get("kernel"), arch=arch, load=False)
     if job["family"] == "mixnorm_allreduce":
         from . import mixnorm_allreduce
         c = job["config"]

@@ -122,6 +122,16 @@ def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
     return max(1, min(want, -(-ntiles // MIN_TILES_PER_SPLIT)))
 
 
+def head_groups(h: int) -> int:
+    """Launches for h heads per rank: 1 up to MAX_HEADS; above (TP < 8: 24 or 48 heads), the fewest equal groups of
+    <= MAX_HEADS heads, one launch each (each re-reads the latent cache, which all heads share: a fallback for small
+    TP, not the fast path); 0 when h does not split evenly."""
+    if h <= MAX_HEADS:
+        return 1
+    g = -(-h // MAX_HEADS)
+    return g if h % g == 0 else 0
+
+
 def launch_ok(q_nope, q_pe, cache, kv_b, seq_lens) -> Optional[str]:
     """None if the kernel takes these inputs (after the cheap fixes mla_attention() makes), else the reason."""
     import torch
@@ -212,12 +222,8 @@ def mla_attention_cuda(q_nope, q_pe, cache, kv_b, seq_lens, scale):
     from .prefetch import join_pending
     from .registry import _env_ok, log_fallback
     h = q_nope.shape[1] if q_nope.dim() == 3 else 0
-    if h > MAX_HEADS and kv_b.dim() == 2 and kv_b.shape[0] % h == 0:
-        # more heads per rank than one CTA holds (TP < 8): equal head groups of <= MAX_HEADS, one launch each.
-        # Each launch reads the whole latent cache again (it is shared by the heads), so this is a fallback for
-        # small TP, not the fast path.
-        g = -(-h // MAX_HEADS)
-        if h % g == 0:
+    g = head_groups(h)
+    if g > 1 and kv_b.dim() == 2 and kv_b.shape[0] % h == 0:
             hg, rows = h // g, kv_b.shape[0] // h
             parts = [(q_nope[:, i * hg:(i + 1) * hg], q_pe[:, i * hg:(i + 1) * hg],
                       kv_b[i * hg * rows:(i + 1) * hg * rows]) for i in range(g)]

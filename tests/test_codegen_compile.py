@@ -279,3 +279,22 @@ def test_kernels_cli_plans_groups():
     jobs1, _ = kernels_cli.plan("k3", 1, [1], "sm_90a")
     assert ((3584, 12288), 1) in {(tuple(j["shape"]["N"]), j["bucket"]) for j in jobs1
                                   if j["op"] == "k3fuse::linear_group"}
+
+
+def test_plan_follows_runtime_choices():
+    """`k3fuse kernels` lists what runs: the MLA head-group kernel at TP2 (48 heads -> 3 launches of 16), the
+    routed-expert config of the H200 table for sm_90a (heuristic for an arch without a table)."""
+    from k3fuse.codegen import kernels_cli, moe_experts
+    jobs, skipped = kernels_cli.plan("k3", 2, [8], "sm_90a")
+    mla = [j for j in jobs if j["family"] == "mla_attention"]
+    assert len(mla) == 1 and mla[0]["shape"]["h"] == 16 and mla[0]["note"] == "3 head-group launches per call"
+    assert not [s for s in skipped if s["op"] == "k3fuse::mla_attention"]
+    moe = [j for j in jobs if j["family"] == "moe_experts"]
+    E, I, D, KT = 896, 1536, 3584, 16
+    assert moe[0]["config"]["kernel"] == moe_experts.config_for(E, I, D, KT, 8, gpu="nvidia_h200")
+    jobs8, _ = kernels_cli.plan("k3", 8, [8], "sm_90a")
+    moe8 = [j for j in jobs8 if j["family"] == "moe_experts"][0]
+    assert moe8["config"]["kernel"]["G"] == 1                    # the tuned bucket-8 entry (RESULTS.md, session 3)
+    jobs100, _ = kernels_cli.plan("k3", 8, [8], "sm_100a")
+    assert [j for j in jobs100 if j["family"] == "moe_experts"][0]["config"]["kernel"] == \
+        moe_experts.default_config(E, 384, D, KT, 8)

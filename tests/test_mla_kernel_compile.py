@@ -182,3 +182,35 @@ def test_mla_fallback_on_cpu():
     assert torch.equal(ma.mla_attention_cuda(*args, SCALE), ops.mla_attention._init_fn(*args, SCALE))
     assert set(ma.IMPLS) == {"k3fuse::mla_attention"}
     assert math.isclose(float(SCALE), 192 ** -0.5)
+
+
+def test_head_groups_above_max_heads(monkeypatch):
+    """TP2 / TP4 (48 / 24 heads per rank): mla_attention_cuda runs equal head groups of <= MAX_HEADS through the
+    kernel launcher and concatenates them (launcher replaced by the reference on CPU; its GPU twin is
+    tests/test_mla_kernel_gpu.py::test_mla_head_groups_above_max_heads)."""
+    import torch
+    from k3fuse import ops
+    from k3fuse.codegen import mla_attention as ma
+    from k3fuse.codegen import registry
+    assert [ma.head_groups(h) for h in (1, 16, 17, 24, 48, 96, 34)] == [1, 1, 0, 2, 3, 6, 0]
+    assert ma.head_groups(50) == 0                            # 4 groups of 12.5: no equal split
+    calls = []
+
+    def launcher(qn, qp, cache, kb, sl, scale, out=None, n_split=None):
+        calls.append(qn.shape[1])
+        assert ma.launch_ok(qn, qp, cache, kb, sl) is None
+        return ops.mla_attention._init_fn(qn, qp, cache, kb, sl, scale)
+
+    monkeypatch.setattr(ma, "mla_attention", launcher)
+    monkeypatch.setattr(registry, "_env_ok", lambda op, dev: True)
+    torch.manual_seed(0)
+    N, V, R, C, h, M, T = 128, 128, 64, 512, 48, 2, 40
+    q = torch.randn(M, h, N + R).to(torch.bfloat16)
+    cache = torch.randn(M, T, C + R).to(torch.bfloat16)
+    kv_b = (torch.randn(h * (N + V), C) * C ** -0.5).to(torch.bfloat16)
+    sl = torch.tensor([T - 1, 7])
+    o = ma.mla_attention_cuda(q[..., :N], q[..., N:], cache, kv_b, sl, 0.07)
+    ref = ops.mla_attention._init_fn(q[..., :N], q[..., N:], cache, kv_b, sl, 0.07)
+    assert calls == [16, 16, 16]
+    assert o.shape == (M, h, V) and o.is_contiguous()
+    assert ((o.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-6
