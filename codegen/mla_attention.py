@@ -37,6 +37,11 @@ DEFAULT_TT = 32         # tokens per shared-memory tile
 TILE_SIZES = (32, 64)
 MAX_HEADS = 16          # HP / HG * C / (THREADS / HG) fp32 accumulators per thread: 32 at h = 16, C = 512
 MIN_TILES_PER_SPLIT = 2
+# (QS, VS): qabsorb splits of W_UK's N rows, combine splits of W_UV's V rows (templates/mla_attention.py.jinja).
+# (1, 1) = the kernels measured on the H200 (2026-11-29). At M = 1 they run h CTAs each and took 21 + 19 us of the
+# MLA layer's ~55 us of attention kernels (RESULTS.md); more splits are predicted to cut that to a few us, NOT yet
+# run on a GPU: `python3 benchmarks/mla_splits.py` checks and times them, then this default can change.
+DEFAULT_SPLITS = (1, 1)
 LOADS_IN_FLIGHT = 9     # 16-byte cache loads per thread per round (9 = a 32-token tile of 576-wide rows in one)
 
 
@@ -53,6 +58,15 @@ def smem_bytes(h: int, r: int, C: int, tt: int = DEFAULT_TT) -> int:
     """Shared memory of the split kernel: scaled queries, the padded cache tile, probabilities, max / sum / alpha."""
     hp = padded_heads(h)
     return hp * (C + r) * 4 + tt * (C + r + 8) * 2 + tt * hp * 4 + 3 * hp * 4
+
+
+def splits_ok(n: int, v: int, splits) -> Optional[str]:
+    qs, vs = splits
+    if qs < 1 or n % qs:
+        return f"qabsorb splits {qs} do not divide n={n}"
+    if vs < 1 or v % (4 * vs):
+        return f"combine splits {vs}: v={v} is not a multiple of 4 (warps) x {vs}"
+    return None
 
 
 def supports(h: int, n: int, v: int, r: int, C: int, tt: int = DEFAULT_TT) -> Optional[str]:
@@ -74,37 +88,40 @@ def supports(h: int, n: int, v: int, r: int, C: int, tt: int = DEFAULT_TT) -> Op
 
 
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
-                    tt: int = DEFAULT_TT) -> dict:
+                    tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS) -> dict:
     hp = padded_heads(h)
     nch = (C + r) // 8
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
     return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HG=HG, HH=hp // HG,
-                CPT=C // (THREADS // HG), UNROLL_S=unroll, LDG=LOADS_IN_FLIGHT, SCALE=repr(float(scale)), QDT=_dtname(q_dtype))
+                CPT=C // (THREADS // HG), UNROLL_S=unroll, LDG=LOADS_IN_FLIGHT, SCALE=repr(float(scale)), QDT=_dtname(q_dtype),
+                QS=int(splits[0]), VS=int(splits[1]))
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
-                  tt: int = DEFAULT_TT) -> str:
-    why = supports(h, n, v, r, C, tt)
+                  tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS) -> str:
+    why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits)
     if why:
         raise ValueError(why)
-    return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt))
+    return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits))
 
 
 _built: dict = {}
 
 
 def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
-          q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True):
+          q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True,
+          splits=DEFAULT_SPLITS):
     """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile) and arch. The rendered
     source bakes every one of these, so the cache key (sha256 of source + arch) covers them."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load)
+    splits = tuple(int(x) for x in splits)
+    memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits)
     if memo in _built:
         return _built[memo]
-    src = render_source(h, n, v, r, C, scale, q_dtype, tt)
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits)
     meta = dict(family=FAMILY, op=OP, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
-                config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale)))
+                config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits)))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
@@ -186,8 +203,10 @@ def _prep_q(t):
     return t
 
 
-def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None):
-    """Launch the kernels (caller checked launch_ok()). Returns o [M, h, v] fp32."""
+def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None,
+                  splits=None):
+    """Launch the kernels (caller checked launch_ok()). Returns o [M, h, v] fp32. splits: (QS, VS), see
+    DEFAULT_SPLITS."""
     import torch
     M, h, n = q_nope.shape
     r = q_pe.shape[2]
@@ -196,13 +215,14 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     T = cache.shape[1]
     hp = padded_heads(h)
     dev = cache.device
-    kern = build(h, n, v, r, C, float(scale), q_nope.dtype)
+    splits = tuple(splits or DEFAULT_SPLITS)
+    kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits)
     ns = n_split or n_splits(M, T, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()))
     f32 = torch.float32
     qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)
     sl = _prep(seq_lens, torch.int64)
-    qs = torch.empty(M, hp, C + r, dtype=f32, device=dev)
+    qs = torch.empty(M, splits[0] * hp, C + r, dtype=f32, device=dev)     # QS partials of the scaled queries
     opart = torch.empty(M, ns, hp, C, dtype=f32, device=dev)
     ml = torch.empty(M, ns, hp, 2, dtype=f32, device=dev)
     if out is None:

@@ -150,18 +150,26 @@ def test_fused_gemv_fallback_on_cpu_matches_composition(caplog):
 def test_tuning_table_entries_render():
     """Every kernel config in the shipped tuning tables still renders (catches stale entries after template edits)."""
     import json
-    from k3fuse.codegen import gemv, tuning
+    from k3fuse.codegen import gemv, moe_experts, tuning
     tables = sorted(tuning.TABLE_DIR.glob("*.json"))
     assert tables, "no tuning table shipped"
-    n = 0
+    n = n_moe = 0
     for p in tables:
         for key, per_bucket in json.loads(p.read_text())["entries"].items():
             family, shape = key.split(":")
-            assert family == "gemv"
+            assert family in ("gemv", "moe_experts"), key
+            if family == "moe_experts":
+                E, I, D, KT = (int(v) for v in shape.split("x"))
+                for b, cfg in per_bucket.items():
+                    kc = {k: v for k, v in cfg.items() if k in moe_experts.KNOBS}
+                    assert moe_experts.config_for(E, I, D, KT, int(b), gpu=p.stem) == kc, (key, b)  # taken as is
+                    compile(moe_experts.render_source(E, I, D, KT, int(b), cfg=kc)[0], key, "exec")
+                    n_moe += 1
+                continue
             N, K = (int(v) for v in shape.split("x"))
             for b, cfg in per_bucket.items():
                 if cfg["variant"] == "torch":
                     continue
                 compile(gemv.render_source(N, K, int(b), gemv._clean(cfg))[1], key, "exec")
                 n += 1
-    assert n > 50
+    assert n > 50 and n_moe >= 2

@@ -54,6 +54,30 @@ def test_mla_kernel_compiles(arch, h, isolated_kernel_cache):
     assert count(ks["combine_kernel"], v4) >= K3["v"] // 4 * (K3["C"] // 256)
 
 
+@pytest.mark.parametrize("arch,h,splits", [("sm_90a", 6, (4, 8)), ("sm_100a", 12, (16, 32)), ("sm_90a", 12, (2, 1))])
+def test_mla_split_variants_compile(arch, h, splits, isolated_kernel_cache):
+    """QS qabsorb splits / VS combine splits (codegen/mla_attention.DEFAULT_SPLITS): each qabsorb CTA loads n / QS
+    rows of W_UK, the split kernel adds QS - 1 more partial loads of the scaled queries, each combine CTA V / VS rows;
+    no local memory."""
+    pytest.importorskip("cutlass")
+    qs, vs = splits
+    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False, splits=splits)
+    ptx = open(k.files["kernel.ptx"]).read()
+    ks = entries(ptx)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
+    assert count(ks["qabsorb_kernel"], v4) == K3["n"] // qs
+    hp, cr = ma.padded_heads(h), K3["C"] + K3["r"]
+    nld, nq = -(-ma.DEFAULT_TT * cr // 8 // ma.THREADS), -(-hp * cr // 4 // ma.THREADS)
+    assert count(ks["split_kernel"], v4) == nld + qs * nq
+    assert count(ks["combine_kernel"], v4) >= K3["v"] // vs // 4 * (K3["C"] // 256)
+    src = open(k.files["kernel.py"]).read()
+    assert f"grid=[HP, M, QS]" in src and f"QS = {qs} " in src and f"VS = {vs} " in src
+    assert ma.splits_ok(128, 128, (3, 1)) and ma.splits_ok(128, 128, (1, 64)) and not ma.splits_ok(128, 128, (128, 32))
+    with pytest.raises(ValueError, match="splits"):
+        ma.render_source(h, **K3, scale=SCALE, splits=(3, 1))
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 def test_mla_kernel_no_spills(arch, tmp_path, capfd):
     """ptxas remarks for the K3 TP8 configuration (h = 12): no spills in any of the three kernels; the split kernel

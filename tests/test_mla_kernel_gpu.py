@@ -110,6 +110,18 @@ def test_mla_cuda_impl_and_fallback(seed):
     assert torch.equal(ma.mla_attention_cuda(*small, SCALE), ops.mla_attention._init_fn(*small, SCALE))
 
 
+@pytest.mark.parametrize("splits", [(2, 2), (4, 8), (16, 32)])
+@pytest.mark.parametrize("M,T,seq_lens", [CASES[1], CASES[5], CASES[8]])
+def test_mla_splits_match_reference(splits, M, T, seq_lens, seed):
+    """QS qabsorb / VS combine splits (mla_attention.DEFAULT_SPLITS): the same answer as the reference."""
+    from k3fuse.codegen import mla_attention as ma
+    args = inputs(M, 6, T, seq_lens)
+    o = torch.full((M, 6, V), float("nan"), device="cuda")
+    ma.mla_attention(*args, SCALE, out=o, splits=splits)
+    torch.cuda.synchronize()
+    assert rel(o, reference(*args, SCALE)) < 1e-2
+
+
 @pytest.mark.parametrize("h", [24, 48])
 def test_mla_head_groups_above_max_heads(h, seed):
     """TP2 / TP4 have 48 / 24 heads per rank, more than one launch takes: the CUDA impl runs equal head groups."""
