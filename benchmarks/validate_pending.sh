@@ -9,6 +9,6 @@ t() { echo "== $*"; local s=$(date +%s); "$@" > "$OUT/$(echo "$*" | tr -c 'a-zA-
 # MLA qabsorb / combine splits: correctness, then the timing of every candidate (DEFAULT_SPLITS should follow)
 t timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_mla_kernel_gpu.py -k splits
 t timeout 150 python3 benchmarks/mla_splits.py --out "$OUT" --heads 6,12 --ms 1,8,64
-# routed-expert configs tuned on both routings (bucket 64 is on the heuristic until this has run)
-t timeout 240 python3 benchmarks/moe_sweep.py --out "$OUT" --tp 16,8 --ms 64,8 --budget-s 200
+# routed-expert configs on both routings: bucket 1 (never tuned) and 64 (heuristic until this has run)
+t timeout 240 python3 benchmarks/moe_sweep.py --out "$OUT" --tp 16,8 --ms 1,64 --budget-s 200
 for f in "$OUT"/*.log; do echo "--- $f"; grep -v DEBUG "$f" | grep -v "^{" | grep -v "^\s*$" | tail -14; done
