@@ -37,6 +37,17 @@ def launch_ranks(script: str, world: int, tmp: Path, seed: int, timeout: int = 3
 MULTICAST_OFF = dict(NCCL_NVLS_ENABLE="0", TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1")
 
 
+def multi_gpu_worlds() -> list[int]:
+    """The TP worlds a multi-GPU test is parametrized over: 2, and 4 / 8 where the machine has that many GPUs."""
+    import torch
+    return [w for w in (2, 4, 8) if w <= max(torch.cuda.device_count(), 2)]
+
+
 def run_gpu_workers(script: str, world: int, tmp: Path, env: dict | None = None, timeout: int = 600) -> None:
-    """One process per GPU: worker argv = rank, world, tmp dir; multicast off."""
+    """One process per GPU: worker argv = rank, world, tmp dir; multicast off. Skips the calling test on a machine
+    with fewer than `world` GPUs."""
+    import pytest
+    import torch
+    if torch.cuda.device_count() < world:
+        pytest.skip(f"needs {world} GPUs (have {torch.cuda.device_count()})")
     run_workers(script, world, [world, tmp], {**MULTICAST_OFF, **(env or {})}, timeout)

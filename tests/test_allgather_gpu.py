@@ -10,9 +10,7 @@ Several GPUs: W processes on the symmetric-memory backend against NCCL all_gathe
 _allgather_worker.py; skipped unless torch.cuda.device_count() >= 2).
 """
 import os
-import sys
 import time
-from pathlib import Path
 
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")   # see tests/test_allreduce_gpu.py
 
@@ -25,6 +23,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 pytest.importorskip("cutlass")
 
+from _launch import multi_gpu_worlds, run_gpu_workers  # noqa: E402
 from k3fuse import peer_buffers as pbuf  # noqa: E402
 from k3fuse.codegen import allgather_oneshot as ag  # noqa: E402
 from k3fuse.codegen import fused_residual_norm as frn  # noqa: E402
@@ -287,14 +286,7 @@ def test_missing_rank_times_out():
 
 
 # ------------------------------------------------------------------------------------------ several GPUs
-N_GPUS = torch.cuda.device_count()
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("W", [w for w in (2, 4, 8) if w <= max(N_GPUS, 2)])
+@pytest.mark.parametrize("W", multi_gpu_worlds())
 def test_symmetric_memory_multi_process(W, tmp_path):
-    if N_GPUS < W:
-        pytest.skip(f"needs {W} GPUs (have {N_GPUS})")
-    sys.path.insert(0, str(Path(__file__).parent))
-    from _launch import run_gpu_workers
     run_gpu_workers("_allgather_worker.py", W, tmp_path, dict(K3FUSE_INKERNEL_COLLECTIVES="1"))

@@ -9,9 +9,7 @@ Several GPUs: W processes on the symmetric-memory backend against NCCL all_reduc
 (skipped unless torch.cuda.device_count() >= 2).
 """
 import os
-import sys
 import time
-from pathlib import Path
 
 # More hardware work queues than the default 8, so that W rank streams + the current stream do not share one
 # (a rank's GEMV queued behind another rank's spinning kernel would only run after the timeout). Read when the
@@ -28,6 +26,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("cutlass")
 
 from _check import rel  # noqa: E402
+from _launch import multi_gpu_worlds, run_gpu_workers  # noqa: E402
 
 from k3fuse import ops  # noqa: E402
 from k3fuse import peer_buffers as pbuf  # noqa: E402
@@ -295,14 +294,7 @@ def test_emulated_ranks_partial_addend(W, M):
 
 
 # ------------------------------------------------------------------------------------------ several GPUs
-N_GPUS = torch.cuda.device_count()
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("W", [w for w in (2, 4, 8) if w <= max(N_GPUS, 2)])
+@pytest.mark.parametrize("W", multi_gpu_worlds())
 def test_symmetric_memory_multi_process(W, tmp_path):
-    if N_GPUS < W:
-        pytest.skip(f"needs {W} GPUs (have {N_GPUS})")
-    sys.path.insert(0, str(Path(__file__).parent))
-    from _launch import run_gpu_workers
     run_gpu_workers("_allreduce_worker.py", W, tmp_path)
