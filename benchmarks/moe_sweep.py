@@ -20,18 +20,13 @@ import time
 
 import torch
 
-from gpu_kernels import copy_bandwidth, graph_time
+from gpu_kernels import copy_bandwidth, graph_time, rel_err
 
 E, D, KT = 896, 3584, 16
 I_TP = {16: 192, 8: 384}
 BETA, LBETA = 4.0, 25.0
 KNOBS = [("CPC", (1, 2, 4, 8, 16, 32, 64)), ("R", (1, 2, 4)), ("G", (1, 2, 4, 8)), ("W", (4, 7, 8)),
          ("LPR", (4, 8, 16)), ("WD", (4, 8, 16)), ("RT", (1, 2))]
-
-
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def routing(kind: str, M: int):
@@ -114,7 +109,7 @@ def main():
                         out.fill_(float("nan"))
                         me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, cfg, out=out, scratch=scratch)
                         torch.cuda.synchronize()
-                        row[f"rel_err_{r}"] = rel(out, refs[r])
+                        row[f"rel_err_{r}"] = rel_err(out, refs[r].double())
                         if not row[f"rel_err_{r}"] < 1e-2:
                             raise AssertionError(f"{r} routing: rel err {row[f'rel_err_{r}']}")
                         row[f"us_{r}"] = round(graph_time(
