@@ -20,6 +20,7 @@ the arch (codegen/cache.py), memoised in-process by the same values.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Optional
 
@@ -58,9 +59,16 @@ KNOBS = ("R", "W", "G", "GROUP", "WD", "LPR", "RT", "CPC")
 
 def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] = None) -> dict:
     """The tuned config of this GPU's table (codegen/tuning/<gpu>.json, "moe_experts:ExIxDxk", measured by
-    benchmarks/moe_sweep.py) where there is one the kernels take, else the heuristic default."""
+    benchmarks/moe_sweep.py) where there is one the kernels take, else the heuristic default. Memoised: the launch
+    path asks on every call (through supports())."""
+    from .tuning import current_gpu
+    return dict(_config_for(E, I, D, KT, bucket, gpu if gpu is not None else current_gpu()))
+
+
+@functools.lru_cache(maxsize=None)
+def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]) -> dict:
     from .tuning import lookup
-    t = lookup(FAMILY, (E, I, D, KT), bucket, gpu)
+    t = lookup(FAMILY, (E, I, D, KT), bucket, gpu) if gpu is not None else None
     if t:
         cfg = {k: int(v) for k, v in t.items() if k in KNOBS}
         if set(cfg) == set(KNOBS) and supports(E, I, D, KT, bucket, cfg) is None:

@@ -1,6 +1,7 @@
 """k3fuse::moe_experts kernels (codegen/moe_experts.py) render for every batch bucket and compile
 for sm_90a and sm_100a without a GPU; their PTX has 128-bit weight loads, two kernels and no local memory; the
 CUDA implementation falls back to the reference (one log line) where it has no kernel."""
+import functools
 import logging
 import re
 
@@ -107,6 +108,8 @@ def test_tuned_config_lookup(monkeypatch):
     tables = {"gpu_a": {f"moe_experts:{E}x{I}x{D}x{KT}": {"64": dict(tuned, kernel_us=1.0)}},
               "gpu_b": {f"moe_experts:{E}x{I}x{D}x{KT}": {"64": dict(tuned, R=4, CPC=64)}}}   # I % (R * CPC) != 0
     monkeypatch.setattr(tuning, "load_table", lambda gpu: tables.get(gpu, {}))
+    # a fresh memo for the patched tables (restored after the test: no patched answer outlives it)
+    monkeypatch.setattr(me, "_config_for", functools.lru_cache(maxsize=None)(me._config_for.__wrapped__))
     assert me.config_for(E, I, D, KT, 64, gpu="gpu_a") == tuned
     assert me.config_for(E, I, D, KT, 64, gpu="gpu_b") == me.default_config(E, I, D, KT, 64)
     assert me.config_for(E, I, D, KT, 8, gpu="gpu_a") == me.default_config(E, I, D, KT, 8)
