@@ -289,9 +289,7 @@ def test_plan_follows_runtime_choices():
     mla = [j for j in jobs if j["family"] == "mla_attention"]
     assert len(mla) == 1 and mla[0]["shape"]["h"] == 16 and mla[0]["note"] == "3 head-group launches per call"
     assert not [s for s in skipped if s["op"] == "k3fuse::mla_attention"]
-    moe = [j for j in jobs if j["family"] == "moe_experts"]
-    E, I, D, KT = 896, 1536, 3584, 16
-    assert moe[0]["config"]["kernel"] == moe_experts.config_for(E, I, D, KT, 8, gpu="nvidia_h200")
+    E, D, KT = 896, 3584, 16
     jobs8, _ = kernels_cli.plan("k3", 8, [8], "sm_90a")
     moe8 = [j for j in jobs8 if j["family"] == "moe_experts"][0]
     assert moe8["config"]["kernel"]["G"] == 1                    # the tuned bucket-8 entry (RESULTS.md, session 3)
