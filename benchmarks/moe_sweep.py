@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import time
 
 import torch
@@ -64,8 +65,18 @@ def main():
     ap.add_argument("--routing", default="uniform,model", help="routings timed per candidate (objective: the sum)")
     ap.add_argument("--budget-s", type=float, default=300, help="stop trying candidates after this many seconds")
     ap.add_argument("--write-table", action="store_true",
-                    help="merge the best configs into codegen/tuning/<gpu>.json (what moe_experts.config_for reads)")
+                    help="merge the best configs into codegen/tuning/<gpu>.json (what moe_experts.config_for reads), "
+                         "only where the best is no slower than the default on every routing")
+    ap.add_argument("--from-json", help="no GPU: take the results of an earlier run's moe_sweep.json (with "
+                                        "--write-table: write its winners)")
     args = ap.parse_args()
+    if args.from_json:
+        with open(args.from_json) as f:
+            res = json.load(f)
+        if args.write_table:
+            write_table(res)
+        print_table(res)
+        return
     from k3fuse import ops
     from k3fuse.codegen import moe_experts as me
     from k3fuse.codegen.buckets import bucket_for
@@ -146,15 +157,40 @@ def main():
                 json.dump(res, f, indent=1)
         del w13, w2
         torch.cuda.empty_cache()
-    if args.write_table and res["entries"]:
-        from k3fuse.codegen import tuning
-        path = tuning.TABLE_DIR / f"{tuning.gpu_slug(res['gpu'])}.json"
-        table = json.loads(path.read_text()) if path.is_file() else {"gpu": res["gpu"], "entries": {}}
-        for k, v in res["entries"].items():
-            table["entries"].setdefault(k, {}).update(v)
-        table.setdefault("measured_moe", f"{res['date']}, python3 benchmarks/moe_sweep.py --write-table")
-        path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-        print(f"wrote {len(res['entries'])} moe_experts entries into {path}")
+    if args.write_table:
+        write_table(res)
+    print_table(res)
+
+def _wins_everywhere(res, name, tp, M):
+    """The best config of one shape is no slower than the default on every routing (session 3: a winner on uniform
+    routing lost 40% in the layer, whose routing is peaked)."""
+    trials = [t for t in res["trials"] if t["tp"] == tp and t["M"] == M]
+    r = res["best"][name]
+    pick = lambda cfg: next(t for t in trials if t["cfg"] == cfg)
+    b, d = pick(r["best"]), pick(r["default"])
+    return all(b[f"us_{k}"] <= d[f"us_{k}"] for k in r["routings"])
+
+
+def write_table(res):
+    from k3fuse.codegen import tuning
+    from k3fuse.codegen.buckets import bucket_for
+    path = tuning.TABLE_DIR / f"{tuning.gpu_slug(res['gpu'])}.json"
+    table = json.loads(path.read_text()) if path.is_file() else {"gpu": res["gpu"], "entries": {}}
+    n = 0
+    for name, r in res["best"].items():
+        tp, M = (int(x) for x in re.fullmatch(r"tp(\d+) M=(\d+)", name).groups())
+        if r["best_us"] is None or not _wins_everywhere(res, name, tp, M):
+            print(f"not written: {name} (the best is slower than the default on some routing)")
+            continue
+        key = f"moe_experts:{E}x{I_TP[tp]}x{D}x{KT}"
+        table["entries"].setdefault(key, {})[str(bucket_for(M))] = dict(
+            r["best"], kernel_us=r["best_us"], default_us=r["default_us"])
+        n += 1
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {n} moe_experts entries into {path}")
+
+
+def print_table(res):
     print(f"\n{'shape':<12} {'floor us':>9} {'default us':>10} {'best us':>8}  (sums over the routings) best config")
     for name, r in res["best"].items():
         print(f"{name:<12} {r['floor_us']:>9.1f} {r['default_us'] or float('nan'):>10.1f} "

@@ -157,9 +157,14 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
     if why:
         skipped.append(dict(op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C), reason=why))
     else:
-        jobs.append(dict(family="mla_attention", op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C),
-                         bucket=None, config=dict(scale=(n + r) ** -0.5), name=f"mla_attention_h{h}_c{C}",
-                         **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
+        by_splits: dict = {}                        # one kernel per (QS, VS) the requested buckets use
+        for b in buckets:
+            by_splits.setdefault(mla_attention.splits_for(b), []).append(b)
+        for (qs, vs), bs in by_splits.items():
+            jobs.append(dict(family="mla_attention", op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C),
+                             bucket=bs[0], config=dict(scale=(n + r) ** -0.5, splits=[qs, vs], buckets=bs),
+                             name=f"mla_attention_h{h}_c{C}_qs{qs}_vs{vs}",
+                             **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp
     for b in buckets:
@@ -202,7 +207,7 @@ def build_job(job: dict, arch: str):
         from . import mla_attention
         s = job["shape"]
         return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], job["config"]["scale"], arch=arch,
-                                   load=False)
+                                   load=False, splits=job["config"]["splits"])
     if job["family"] == "moe_experts":
         from . import moe_experts
         s, c = job["shape"], job["config"]

@@ -38,10 +38,23 @@ TILE_SIZES = (32, 64)
 MAX_HEADS = 16          # HP / HG * C / (THREADS / HG) fp32 accumulators per thread: 32 at h = 16, C = 512
 MIN_TILES_PER_SPLIT = 2
 # (QS, VS): qabsorb splits of W_UK's N rows, combine splits of W_UV's V rows (templates/mla_attention.py.jinja).
-# (1, 1) = the kernels measured on the H200 (2026-11-29). At M = 1 they run h CTAs each and took 21 + 19 us of the
-# MLA layer's ~55 us of attention kernels (RESULTS.md); more splits are predicted to cut that to a few us, NOT yet
-# run on a GPU: `python3 benchmarks/mla_splits.py` checks and times them, then this default can change.
+# (1, 1) runs h CTAs per kernel: 21 + 19 us of the MLA layer's ~55 us of attention kernels at M = 1 (session 3).
 DEFAULT_SPLITS = (1, 1)
+# Per batch bucket, measured 2026-11-29 on the H200 (benchmarks/mla_splits.py --heads 6,12 --ms 1,8,64, context
+# 1024; RESULTS.md "Session 4"), all three kernels together, h = 6 / 12 heads:
+#   M = 1:  16x32 22.7 / 28.2 us (1x1: 49.1 / 53.8)     M = 8: 8x8 25.4 / 31.7 (1x1: 48.2 / 53.2)
+#   M = 64: 4x4 130.3 / 177.7 (1x1: 148.6 / 183.1)
+# Buckets 2-4 and 16-32 were not measured: they take the neighbouring choice (8x8 is within 8% of the best at M = 1).
+SPLITS_BY_BUCKET = {1: (16, 32), 2: (8, 8), 4: (8, 8), 8: (8, 8), 16: (8, 8), 32: (4, 4), 64: (4, 4)}
+
+
+def splits_for(M: int) -> tuple:
+    """The (QS, VS) of batch M: its bucket's entry, DEFAULT_SPLITS past the last bucket."""
+    from .buckets import bucket_for
+    b = bucket_for(M)
+    return SPLITS_BY_BUCKET.get(b, DEFAULT_SPLITS) if b is not None else DEFAULT_SPLITS
+
+
 LOADS_IN_FLIGHT = 9     # 16-byte cache loads per thread per round (9 = a 32-token tile of 576-wide rows in one)
 
 
@@ -205,8 +218,8 @@ def _prep_q(t):
 
 def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None,
                   splits=None):
-    """Launch the kernels (caller checked launch_ok()). Returns o [M, h, v] fp32. splits: (QS, VS), see
-    DEFAULT_SPLITS."""
+    """Launch the kernels (caller checked launch_ok()). Returns o [M, h, v] fp32. splits: (QS, VS), default
+    splits_for(M)."""
     import torch
     M, h, n = q_nope.shape
     r = q_pe.shape[2]
@@ -215,7 +228,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     T = cache.shape[1]
     hp = padded_heads(h)
     dev = cache.device
-    splits = tuple(splits or DEFAULT_SPLITS)
+    splits = tuple(splits or splits_for(M))
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits)
     ns = n_split or n_splits(M, T, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()))
     f32 = torch.float32

@@ -289,6 +289,10 @@ def test_plan_follows_runtime_choices():
     mla = [j for j in jobs if j["family"] == "mla_attention"]
     assert len(mla) == 1 and mla[0]["shape"]["h"] == 16 and mla[0]["note"] == "3 head-group launches per call"
     assert not [s for s in skipped if s["op"] == "k3fuse::mla_attention"]
+    assert mla[0]["config"]["splits"] == [8, 8]                   # mla_attention.SPLITS_BY_BUCKET[8]
+    jobs3, _ = kernels_cli.plan("k3", 16, [1, 8, 16, 64], "sm_90a")
+    got = {tuple(j["config"]["splits"]): j["config"]["buckets"] for j in jobs3 if j["family"] == "mla_attention"}
+    assert got == {(16, 32): [1], (8, 8): [8, 16], (4, 4): [64]}  # one kernel per distinct split, buckets sharing it
     E, D, KT = 896, 3584, 16
     jobs8, _ = kernels_cli.plan("k3", 8, [8], "sm_90a")
     moe8 = [j for j in jobs8 if j["family"] == "moe_experts"][0]

@@ -78,6 +78,16 @@ def test_mla_split_variants_compile(arch, h, splits, isolated_kernel_cache):
         ma.render_source(h, **K3, scale=SCALE, splits=(3, 1))
 
 
+def test_mla_splits_per_bucket():
+    """The launcher's (QS, VS) follows the batch bucket (mla_attention.SPLITS_BY_BUCKET, timed on the H200); every
+    entry is valid for K3's n = v = 128; past the last bucket the default."""
+    from k3fuse.codegen import mla_attention as ma
+    assert [ma.splits_for(m) for m in (1, 2, 3, 8, 9, 33, 64)] == \
+        [(16, 32), (8, 8), (8, 8), (8, 8), (8, 8), (4, 4), (4, 4)]
+    assert ma.splits_for(65) == ma.DEFAULT_SPLITS
+    assert all(ma.splits_ok(K3["n"], K3["v"], s) is None for s in ma.SPLITS_BY_BUCKET.values())
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 def test_mla_kernel_no_spills(arch, tmp_path, capfd):
     """ptxas remarks for the K3 TP8 configuration (h = 12): no spills in any of the three kernels; the split kernel
