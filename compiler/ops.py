@@ -195,6 +195,45 @@ def _(q, k, v, a, dt_bias, A_log, b, S, lower_bound):
     return q.new_empty(q.shape, dtype=torch.float32), torch.empty_like(S)
 
 
+def _causal_conv(x, state, taps, newest_tap_last: bool):
+    """The model's causal depthwise conv step, functional: x [M, C], state [M, K-1, C] (oldest first), taps [C, K].
+    Returns (SiLU(conv) fp32 [M, C], the new state [M, K-1, C])."""
+    window = torch.cat([state, x.unsqueeze(1)], dim=1)
+    w = taps if newest_tap_last else taps.flip(-1)
+    return torch.nn.functional.silu((window.float() * w.t().unsqueeze(0)).sum(1)), window[:, 1:]
+
+
+@torch.library.custom_op(f"{LIB}::kda_decode", mutates_args=())
+def kda_decode(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, conv_state: torch.Tensor, q_taps: torch.Tensor,
+               k_taps: torch.Tensor, v_taps: torch.Tensor, fa: torch.Tensor, f_b: torch.Tensor, dt_bias: torch.Tensor,
+               A_log: torch.Tensor, b: torch.Tensor, go: torch.Tensor, o_norm: torch.Tensor, S: torch.Tensor,
+               lower_bound: float, eps: float, newest_tap_last: bool,
+               out_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The whole KDA decode step between the projections and o_proj (K3_MODEL.md section 4; pass
+    `fuse_kda_conv_gated_norm`): causal conv state update + SiLU of the pre-conv q0, k0, v0 [M, P] (one conv state
+    [M, K-1, 3P] = [q | k | v]), the f_b projection of f_a's output fa [M, r] (f_b [P, r]), then kda_recurrent,
+    then the gated RMSNorm per head: rms(o) * o_norm * sigmoid(go). Returns (o [M, P] in out_dtype, the new
+    state S, the new conv state)."""
+    M, P = q0.shape
+    h = A_log.shape[0]
+    d = P // h
+    convs, states = [], []
+    for i, (x, w) in enumerate(((q0, q_taps), (k0, k_taps), (v0, v_taps))):
+        y, st = _causal_conv(x, conv_state[..., i * P:(i + 1) * P], w, newest_tap_last)
+        convs.append(y.view(M, h, d))
+        states.append(st)
+    a = (fa.float() @ f_b.float().t()).to(fa.dtype)                    # k3fuse::linear's math
+    o, S_new = kda_recurrent._init_fn(*convs, a, dt_bias, A_log, b, S, lower_bound)
+    o = _rms(o, eps) * o_norm.float() * torch.sigmoid(go.float().view(M, h, d))
+    return o.reshape(M, P).to(out_dtype), S_new, torch.cat(states, dim=-1)
+
+
+@kda_decode.register_fake
+def _(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b, go, o_norm, S, lower_bound, eps,
+      newest_tap_last, out_dtype):
+    return q0.new_empty(q0.shape, dtype=out_dtype), torch.empty_like(S), torch.empty_like(conv_state)
+
+
 @torch.library.custom_op(f"{LIB}::mla_attention", mutates_args=())
 def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, kv_b: torch.Tensor,
                   seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
@@ -304,6 +343,7 @@ OPS = {
     "topk_from_logits": torch.ops.k3fuse.topk_from_logits.default,
     "moe_experts": torch.ops.k3fuse.moe_experts.default,
     "kda_recurrent": torch.ops.k3fuse.kda_recurrent.default,
+    "kda_decode": torch.ops.k3fuse.kda_decode.default,
     "mla_attention": torch.ops.k3fuse.mla_attention.default,
     "fused_residual_norm": torch.ops.k3fuse.fused_residual_norm.default,
     "prefetch_l2": torch.ops.k3fuse.prefetch_l2.default,

@@ -2,12 +2,14 @@
 
     0. canonicalize                          ATen -> k3fuse ops (RMSNorm, linear, AttnRes mix, SiTU-GLU, router,
                                              experts); all later passes match on k3fuse ops only
-    1. fuse_attn_out_allreduce_attnres_norm  o_proj/down_proj + all-reduce + AttnRes update + mix + RMSNorm
-    2. split_moe_across_ranks                replicated MoE work split 1/t per rank, results gathered
-    3. fuse_shared_input_linears             linears reading the same activation -> one k3fuse.linear_group
+    1. fuse_kda_conv_gated_norm              KDA: causal conv + f_b + recurrence + gated RMSNorm -> kda_decode
+                                             (before the linear grouping, which would take f_b's input)
+    2. fuse_attn_out_allreduce_attnres_norm  o_proj/down_proj + all-reduce + AttnRes update + mix + RMSNorm
+    3. split_moe_across_ranks                replicated MoE work split 1/t per rank, results gathered
+    4. fuse_shared_input_linears             linears reading the same activation -> one k3fuse.linear_group
                                              (after the split, which matches single linears; before the
                                              prefetch, which reads the group's weights)
-    4. insert_prefetch                       L2 prefetch of the next weights while a collective runs
+    5. insert_prefetch                       L2 prefetch of the next weights while a collective runs
 
 Canonicalization always runs; `options["passes"]` selects among the others.
 """
@@ -29,14 +31,15 @@ def pipeline_passes():
     """The pass classes, in order. Imported lazily: passes import torch's pattern matcher."""
     from k3fuse.passes.canonicalize import Canonicalize
     from k3fuse.passes.fuse_attn_out_allreduce_attnres_norm import FuseAttnOutAllReduceAttnResNorm
+    from k3fuse.passes.fuse_kda_conv_gated_norm import FuseKdaConvGatedNorm
     from k3fuse.passes.fuse_shared_input_linears import FuseSharedInputLinears
     from k3fuse.passes.insert_prefetch import InsertPrefetch
     from k3fuse.passes.split_moe_across_ranks import SplitMoEAcrossRanks
-    return [Canonicalize, FuseAttnOutAllReduceAttnResNorm, SplitMoEAcrossRanks, FuseSharedInputLinears,
+    return [Canonicalize, FuseKdaConvGatedNorm, FuseAttnOutAllReduceAttnResNorm, SplitMoEAcrossRanks, FuseSharedInputLinears,
             InsertPrefetch]
 
 
-PASS_NAMES = ("canonicalize", "fuse_attn_out_allreduce_attnres_norm", "split_moe_across_ranks",
+PASS_NAMES = ("canonicalize", "fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm", "split_moe_across_ranks",
               "fuse_shared_input_linears", "insert_prefetch")
 
 
