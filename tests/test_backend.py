@@ -92,11 +92,12 @@ def test_debug_dir_env(tmp_path, monkeypatch):
     _steps(model, compiled, 2, 1)
     d = sorted(tmp_path.glob("graph_*"))[-1]
     s = json.loads((d / "summary.json").read_text())
-    assert [p["name"] for p in s["passes"]] == ["canonicalize", "fuse_attn_out_allreduce_attnres_norm",
+    assert [p["name"] for p in s["passes"]] == ["canonicalize", "fuse_kda_conv_gated_norm",
+                                                "fuse_attn_out_allreduce_attnres_norm",
                                                 "split_moe_across_ranks", "fuse_shared_input_linears",
                                                 "insert_prefetch"]
     assert s["ops"]["k3fuse.fused_residual_norm"] == 12
-    assert (d / "01.fuse_attn_out_allreduce_attnres_norm.after.py").read_text().count(
+    assert (d / "02.fuse_attn_out_allreduce_attnres_norm.after.py").read_text().count(
         "torch.ops.k3fuse.fused_residual_norm.default(") == 12
 
 

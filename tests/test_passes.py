@@ -66,15 +66,18 @@ def test_canonicalize_ops(tiny_tp1):
     #   (which takes that layer's expert SiTU-GLU with it)
     n_blocks = (L - n_mla) + n_mla + n_moe
     assert matches(s)["canonicalize"] == n_linear + n_norm + (2 * L) + n_moe + (1 + n_moe) + n_blocks
-    # after the fusion pass: each fused op consumed one linear, one mix and one norm; then the linears of one
-    # normed input became one linear_group per layer: KDA 6 (q, k, v, g, f_a, b), MLA 3 (q_a, kv_a, g), MoE 2
-    # (routed down + shared gate_up, TP = 1)
-    n_grouped = 6 * (L - n_mla) + 3 * n_mla + 2 * n_moe
-    assert after == {"k3fuse.fused_residual_norm": 2 * L, "k3fuse.linear": n_linear - 2 * L - n_grouped,
-                     "k3fuse.linear_group": (L - n_mla) + n_mla + n_moe,
-                     "k3fuse.rms_norm": n_norm - 2 * L, "k3fuse.router_topk": n_moe,
-                     "k3fuse.situ_glu": 1 + n_moe, "k3fuse.kda_recurrent": L - n_mla,
+    # after the fusion passes: each KDA recurrence took its f_b linear and o_norm with it (kda_decode); each
+    # fused attention output consumed one linear, one mix and one norm; then the linears of one normed input became
+    # one linear_group per layer: KDA 6 (q, k, v, g, f_a, b), MLA 3 (q_a, kv_a, g), MoE 2 (routed down + shared
+    # gate_up, TP = 1)
+    n_kda = L - n_mla
+    n_grouped = 6 * n_kda + 3 * n_mla + 2 * n_moe
+    assert after == {"k3fuse.fused_residual_norm": 2 * L, "k3fuse.linear": n_linear - 2 * L - n_grouped - n_kda,
+                     "k3fuse.linear_group": n_kda + n_mla + n_moe,
+                     "k3fuse.rms_norm": n_norm - 2 * L - n_kda, "k3fuse.router_topk": n_moe,
+                     "k3fuse.situ_glu": 1 + n_moe, "k3fuse.kda_decode": n_kda,
                      "k3fuse.mla_attention": n_mla, "k3fuse.moe_experts": n_moe}
+    assert matches(s)["fuse_kda_conv_gated_norm"] == n_kda
     assert err < 1e-4
 
 
@@ -151,7 +154,7 @@ def test_determinism_and_uuid(tmp_path):
     assert [p["uuid"] for p in s1["passes"]] == [p["uuid"] for p in s2["passes"]]
     da, db = sorted((tmp_path / "a").glob("graph_*"))[-1], sorted((tmp_path / "b").glob("graph_*"))[-1]
     fa = sorted(p.name for p in da.glob("*.py"))
-    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 10
+    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 12
     assert (da / fa[-1]).read_text() == (db / fa[-1]).read_text()
 
 
@@ -275,12 +278,13 @@ def test_k3_layout_match_counts():
     assert err < 1e-4
     assert matches(s)["fuse_attn_out_allreduce_attnres_norm"] == 186
     ops = s["ops"]
-    assert (ops["k3fuse.kda_recurrent"], ops["k3fuse.mla_attention"], ops["k3fuse.moe_experts"]) == (69, 24, 92)
+    assert (ops["k3fuse.kda_decode"], ops["k3fuse.mla_attention"], ops["k3fuse.moe_experts"]) == (69, 24, 92)
+    assert matches(s)["fuse_kda_conv_gated_norm"] == 69 and "k3fuse.kda_recurrent" not in ops
     assert ops["k3fuse.router_topk"] == 92 and ops["k3fuse.fused_residual_norm"] == 186
     # one group of the normed input's linears per layer except the dense layer 0 (69 KDA of 6, 24 MLA of 3,
-    # 92 MoE of 2 at TP = 1); left: lm_head, dense gate_up, KDA f_b, MLA q_b, MoE routed up, (o_proj/down fused)
+    # 92 MoE of 2 at TP = 1); left: lm_head, dense gate_up, MLA q_b, MoE routed up, (o_proj/down fused)
     assert matches(s)["fuse_shared_input_linears"] == 185 and ops["k3fuse.linear_group"] == 185
-    assert ops["k3fuse.linear"] == 1 + 1 + 69 + 24 + 92
+    assert ops["k3fuse.linear"] == 1 + 1 + 24 + 92      # KDA f_b: inside kda_decode
 
 
 # ---------------------------------------------------------------------------------- fuse_shared_input_linears
@@ -298,7 +302,8 @@ def compiled_logits(cfg, dtype, M=3, steps=2, seed=0, **options):
     return out, cache, LAST_PIPELINES[-1].summary
 
 
-ALL_BUT_GROUPS = ("fuse_attn_out_allreduce_attnres_norm", "split_moe_across_ranks", "insert_prefetch")
+ALL_BUT_GROUPS = ("fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm", "split_moe_across_ranks",
+                  "insert_prefetch")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -424,3 +429,48 @@ def test_linear_group_extern_call_in_inductor():
     import subprocess
     r = subprocess.run([sys.executable, "-c", _EXTERN_GROUP], capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kda_fusion_matches_unfused(dtype):
+    """fuse_kda_conv_gated_norm: one kda_decode per KDA layer (it takes the conv chains, f_b and the gated norm);
+    compiled with the pass == compiled without it (the op's reference is the same math), logits and every state."""
+    cfg = KimiK3Config.preset("tiny")
+    n_kda = cfg.num_hidden_layers - 2
+    a, ca, sa = compiled_logits(cfg, dtype)
+    from k3fuse.pipeline import PASS_NAMES
+    b, cb, sb = compiled_logits(cfg, dtype, passes=tuple(p for p in PASS_NAMES[1:] if p != "fuse_kda_conv_gated_norm"))
+    assert matches(sa)["fuse_kda_conv_gated_norm"] == n_kda and sa["ops"]["k3fuse.kda_decode"] == n_kda
+    assert "k3fuse.kda_recurrent" not in sa["ops"] and sb["ops"]["k3fuse.kda_recurrent"] == n_kda
+    assert sa["ops"]["k3fuse.linear"] + n_kda == sb["ops"]["k3fuse.linear"]          # f_b went into the op
+    assert sa["ops"]["k3fuse.rms_norm"] + n_kda == sb["ops"]["k3fuse.rms_norm"]      # and the per-head o_norm
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    assert rel(a, b) < tol
+    for x, y in zip(ca.recurrent_state + ca.conv_state, cb.recurrent_state + cb.conv_state):
+        if x is not None:
+            assert rel(x, y) < tol
+
+
+def test_kda_decode_reference_is_the_model():
+    """ops.kda_decode (the fused op's reference) == the model's KDA forward up to o_proj, states included, in fp64."""
+    from k3fuse import ops
+    from k3fuse.models.modeling_kimi_k3 import TP, KimiDeltaAttention
+    cfg = KimiK3Config.preset("tiny")
+    torch.manual_seed(0)
+    att = KimiDeltaAttention(cfg, TP(), torch.float64)
+    for p_ in att.parameters():
+        p_.data.normal_(0, 0.3)
+    M, P, K = 3, att.P, cfg.conv_kernel_size
+    x = torch.randn(M, cfg.hidden_size, dtype=torch.float64)
+    conv0 = torch.randn(M, K - 1, 3 * P, dtype=torch.float64)
+    S0 = torch.randn(M, att.heads, att.head_dim, att.head_dim, dtype=torch.float64) * 0.1
+    conv_m, S_m = conv0.clone(), S0.clone()
+    y_model = att(x, conv_m, S_m)
+    lin = torch.nn.functional.linear
+    o, S_new, conv_new = ops.kda_decode._init_fn(
+        lin(x, att.q_proj.weight), lin(x, att.k_proj.weight), lin(x, att.v_proj.weight), conv0, att.q_conv1d,
+        att.k_conv1d, att.v_conv1d, lin(x, att.f_a_proj.weight), att.f_b_proj.weight, att.dt_bias, att.A_log,
+        lin(x, att.b_proj.weight), lin(x, att.g_proj.weight), att.o_norm, S0, att.lower_bound, att.eps,
+        att.newest_tap_last, torch.float64)
+    assert rel(lin(o, att.o_proj.weight), y_model) < 1e-6     # the op's internal math runs in fp32
+    assert rel(S_new, S_m) < 1e-6 and torch.equal(conv_new, conv_m)
