@@ -137,12 +137,13 @@ def rel(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
-def variants(max_autotune):
+def variants(max_autotune, passes=None):
     call = lambda m, *a: m(*a)
     out = {"eager": call, "inductor": torch.compile(call, dynamic=False)}
     if max_autotune:
         out["inductor_max_autotune"] = torch.compile(call, dynamic=False, mode="max-autotune-no-cudagraphs")
-    out["k3fuse"] = torch.compile(call, backend="k3fuse", dynamic=False)
+    out["k3fuse"] = torch.compile(call, backend="k3fuse", dynamic=False,
+                                  options={} if passes is None else {"passes": passes})
     return out
 
 
@@ -155,8 +156,19 @@ def main():
     ap.add_argument("--max-autotune", action="store_true")
     ap.add_argument("--top", type=int, default=12, help="k3fuse kernels listed per row, by total time")
     ap.add_argument("--skip", default="", help="variants not to run, e.g. eager,inductor (k3fuse-only reruns)")
+    ap.add_argument("--without-passes", default="", help="k3fuse passes to leave out (A/B of one fusion), e.g. "
+                                                          "fuse_kda_conv_gated_norm")
+    ap.add_argument("--tag", default="", help="suffix of the output files (several runs in one directory)")
     args = ap.parse_args()
     torch._dynamo.config.cache_size_limit = 64
+    passes = None
+    if args.without_passes:
+        from k3fuse.pipeline import PASS_NAMES
+        drop = set(args.without_passes.split(","))
+        unknown = drop - set(PASS_NAMES)
+        if unknown:
+            ap.error(f"unknown passes {sorted(unknown)}; the pipeline is {list(PASS_NAMES)}")
+        passes = [p for p in PASS_NAMES[1:] if p not in drop]
     bw = copy_bandwidth()
     gpu, date = torch.cuda.get_device_name(), time.strftime("%Y-%m-%d")
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {gpu}", flush=True)
@@ -165,7 +177,7 @@ def main():
         for tp in map(int, args.tp.split(",")):
             cfg = per_rank_config(tp)
             layers = [make_layer(cfg, kind, seed) for seed in (0, 1)]
-            vs = variants(args.max_autotune)
+            vs = variants(args.max_autotune, passes)
             for v in filter(None, args.skip.split(",")):
                 if v != "eager":            # eager stays: it is the reference
                     vs.pop(v, None)
@@ -194,7 +206,7 @@ def main():
                 row["kernels_per_layer"] = row.get("k3fuse_kernels")
                 rows.append(row)
                 print(json.dumps(row), flush=True)
-                with open(os.path.join(args.out, "layer_bench.json"), "w") as f:
+                with open(os.path.join(args.out, f"layer_bench{args.tag}.json"), "w") as f:
                     json.dump(rows, f, indent=1)
     names = [n for n in ("eager", "inductor", "inductor_max_autotune", "k3fuse") if any(f"{n}_us" in r for r in rows)]
     print(f"\n{'kind':<4} {'tp':>3} {'M':>3} {'floor us':>9} " + " ".join(f"{n[:14]:>14}" for n in names)
@@ -211,7 +223,7 @@ def main():
             for n, t, c in r["k3fuse_top_kernels"]:
                 print(f"  {t:>7.1f} us  x{c:<3} {n}")
     try:
-        plot(rows, names, os.path.join(args.out, "layer_bench.png"))
+        plot(rows, names, os.path.join(args.out, f"layer_bench{args.tag}.png"))
     except Exception as e:  # matplotlib may be absent
         print("no plot:", e)
 

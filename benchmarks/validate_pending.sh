@@ -1,14 +1,16 @@
 #!/bin/bash
-# What was written on a CPU and has not run on a GPU yet (RESULTS.md, "Session 3": pending), one device call on an
-# nvidia-h200, ~6 minutes, logs under $OUT:
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh
-# Multi-GPU work has its own script: benchmarks/multi_gpu.sh.
+# What was written on a CPU and has not run on a GPU yet, one device call on an nvidia-h200, ~8 minutes, logs under
+# $OUT:   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh
+# Now: the fused KDA kernel (k3fuse::kda_decode, pass fuse_kda_conv_gated_norm): GPU tests, then the KDA layer
+# table with it, and the same layer without the pass (A/B). If the kernel tests fail, the table runs without the
+# pass. Multi-GPU work has its own script: benchmarks/multi_gpu.sh.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"
 t() { echo "== $*"; local s=$(date +%s); "$@" > "$OUT/$(echo "$*" | tr -c 'a-zA-Z0-9' _ | cut -c1-60).log" 2>&1;
-      echo "   rc=$? $(( $(date +%s) - s )) s"; }
-# MLA qabsorb / combine splits: correctness, then the timing of every candidate (DEFAULT_SPLITS should follow)
-t timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_mla_kernel_gpu.py -k splits
-t timeout 150 python3 benchmarks/mla_splits.py --out "$OUT" --heads 6,12 --ms 1,8,64
-# routed-expert configs on both routings: bucket 1 (never tuned) and 64 (heuristic until this has run)
-t timeout 240 python3 benchmarks/moe_sweep.py --out "$OUT" --tp 16,8 --ms 1,64 --budget-s 200
-for f in "$OUT"/*.log; do echo "--- $f"; grep -v DEBUG "$f" | grep -v "^{" | grep -v "^\s*$" | tail -14; done
+      local rc=$?; echo "   rc=$rc $(( $(date +%s) - s )) s"; return $rc; }
+WITHOUT=""
+t timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kda_kernel_gpu.py || WITHOUT="--without-passes fuse_kda_conv_gated_norm"
+echo "layer table: ${WITHOUT:-all passes}"
+t timeout 330 python3 benchmarks/layer_bench.py --out "$OUT" --kinds kda --tp 16,8 --ms 1,8,64 --top 40 $WITHOUT
+t timeout 60 python3 benchmarks/layer_bench.py --out "$OUT" --kinds kda --tp 16 --ms 1 --skip inductor --top 40 \
+    --without-passes fuse_kda_conv_gated_norm --tag _without_kda_fusion
+for f in "$OUT"/*.log; do echo "--- $f"; grep -v DEBUG "$f" | grep -v "^{" | grep -v "^\s*$" | tail -25; done

@@ -140,14 +140,17 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                          name=f"router_topk_e{cfg.num_experts}_k{cfg.num_experts_per_token}"))
     # decode attention and routed experts
     from . import kda_recurrent, moe_experts
+    # the KDA step as pass fuse_kda_conv_gated_norm leaves it: kda_decode (conv, f_b, recurrence, gated norm)
     d, adt = cfg.kda_head_dim, "bfloat16"
-    why = kda_recurrent.supports(d)
+    fused = dict(kc=cfg.conv_kernel_size, fk=d, newest_last=cfg.conv_newest_tap_last, x=adt, f=adt, g=adt, o=adt,
+                 eps=cfg.rms_norm_eps)
+    why = kda_recurrent.supports_fused(d, fused["kc"], fused["fk"], adt)
     if why:
-        skipped.append(dict(op="k3fuse::kda_recurrent", shape=dict(d=d), reason=why))
+        skipped.append(dict(op="k3fuse::kda_decode", shape=dict(d=d), reason=why))
     else:
-        jobs.append(dict(family="kda_recurrent", op="k3fuse::kda_recurrent", shape=dict(d=d), bucket=None,
-                         config=dict(a_dtype=adt, b_dtype=adt, lower_bound=cfg.kda_gate_lower_bound),
-                         name=f"kda_recurrent_d{d}"))
+        jobs.append(dict(family="kda_recurrent", op="k3fuse::kda_decode", shape=dict(d=d), bucket=None,
+                         config=dict(a_dtype=adt, b_dtype=adt, lower_bound=cfg.kda_gate_lower_bound, fused=fused),
+                         name=f"kda_decode_d{d}_k{fused['kc']}"))
     from . import mla_attention
     h, n, v, r, C = (cfg.num_attention_heads // tp, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_rope_head_dim,
                      cfg.kv_lora_rank)
@@ -202,7 +205,7 @@ def build_job(job: dict, arch: str):
         from . import kda_recurrent
         c = job["config"]
         return kda_recurrent.build(job["shape"]["d"], c["a_dtype"], c["b_dtype"], c["lower_bound"], arch=arch,
-                                   load=False)
+                                   load=False, fused=c.get("fused"))
     if job["family"] == "mla_attention":
         from . import mla_attention
         s = job["shape"]

@@ -107,9 +107,9 @@ def test_kernels_cli_writes_manifest(tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert m["arch"] == "sm_90a" and m["config"] == "tiny"
     fams = {k["family"] for k in m["kernels"]}
-    # tiny's KDA head dim (16) has no kda_recurrent kernel: listed as skipped with the reason
+    # tiny's KDA head dim (16) has no kda_decode kernel: listed as skipped with the reason
     assert fams == {"gemv", "fused_residual_norm", "prefetch_l2", "moe_experts", "router_topk"}
-    assert any(s["op"] == "k3fuse::kda_recurrent" and "d=16" in s["reason"] for s in m["skipped"])
+    assert any(s["op"] == "k3fuse::kda_decode" and "d=16" in s["reason"] for s in m["skipped"])
     for k in m["kernels"]:
         assert set(k["files"]) == {"py", "ptx", "cubin"}
         for f in k["files"].values():

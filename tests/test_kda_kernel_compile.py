@@ -87,4 +87,49 @@ def test_kda_fallback_on_cpu():
     o, Sn = kr.kda_recurrent_cuda(q, k, v, a, dt, A_log, b, S, -5.0)
     ro, rS = ops.kda_recurrent._init_fn(q, k, v, a, dt, A_log, b, S, -5.0)
     assert torch.equal(o, ro) and torch.equal(Sn, rS)
-    assert set(kr.IMPLS) == {"k3fuse::kda_recurrent"}
+    assert set(kr.IMPLS) == {"k3fuse::kda_recurrent", "k3fuse::kda_decode"}
+
+
+FUSED_K3 = dict(kc=4, fk=128, newest_last=True, x="bfloat16", f="bfloat16", g="bfloat16", o="bfloat16", eps=1e-5)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("fused", [FUSED_K3, dict(FUSED_K3, newest_last=False, x="float32", f="float32", o="float32",
+                                                  kc=3, fk=64)])
+def test_kda_decode_kernel_compiles(arch, fused, capfd, tmp_path):
+    """The fused variant (k3fuse::kda_decode): the S row still moves in 128-bit loads / stores, f_b in 128-bit
+    loads, no local memory; the conv state writes are the window shift (K - 1 per channel)."""
+    d, lpr = 128, kr.DEFAULT_LPR
+    k = kr.build(d, "bfloat16", "bfloat16", -5.0, arch=arch, load=False, fused=fused)
+    ptx = open(k.files["kernel.ptx"]).read()
+    loads, stores = ops(ptx, "ld"), ops(ptx, "st")
+    nch = d // 4 // lpr
+    fch = fused["fk"] // (8 if fused["f"] == "bfloat16" else 4) // lpr
+    assert sum(map(is_128bit, stores)) == nch, stores
+    assert sum(map(is_128bit, loads)) >= nch + 2 * fch, loads         # S row + f_b row and fa chunks
+    # conv state: 3 warps x (d / 32 channels per lane) x (K - 1) shifted values, + o[row], + the 128-bit S stores
+    assert len(stores) == nch + 3 * (d // 32) * (fused["kc"] - 1) + 1, len(stores)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert f"KC = {fused['kc']} " in open(k.files["kernel.py"]).read()
+
+
+def test_kda_decode_supports_and_fallback_on_cpu():
+    """supports_fused says why; on CPU kda_decode_cuda is the reference (one log line)."""
+    import torch
+    from k3fuse import ops
+    assert kr.supports_fused(128, 4, 128) is None and kr.supports_fused(64, 4, 128) is None
+    assert "warps" in kr.supports_fused(64, 4, 128, lpr=1) and "taps" in kr.supports_fused(128, 9, 128)
+    assert "multiple" in kr.supports_fused(128, 4, 100)
+    M, h, d, K = 2, 2, 64, 4
+    P = h * d
+    g = torch.Generator().manual_seed(0)
+    bf = torch.bfloat16
+    rn = lambda *s, dt=torch.float32: torch.randn(*s, generator=g).to(dt)
+    args = (rn(M, P, dt=bf), rn(M, P, dt=bf), rn(M, P, dt=bf), rn(M, K - 1, 3 * P, dt=bf), rn(P, K), rn(P, K),
+            rn(P, K), rn(M, 64, dt=bf), rn(P, 64, dt=bf), rn(P), torch.rand(h, generator=g), rn(M, h, dt=bf),
+            rn(M, P, dt=bf), rn(d), rn(M, h, d, d))
+    assert kr.launch_ok_decode(*args, bf) is None                      # the kernel's shapes; on CPU: the reference
+    got = kr.kda_decode_cuda(*args, -5.0, 1e-5, True, bf)
+    ref = ops.kda_decode._init_fn(*args, -5.0, 1e-5, True, bf)
+    assert all(torch.equal(x, y) for x, y in zip(got, ref))
+    assert "conv state" in kr.launch_ok_decode(*args[:3], args[3][:, :2], *args[4:], bf)

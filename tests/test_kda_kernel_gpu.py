@@ -111,3 +111,68 @@ def test_kda_cuda_graph_replay(M, seed):
         ro, rS = ops.kda_recurrent._init_fn(q, k, v, a, dt, A_log, b, S, LOWER_BOUND)
         ro2, rS2 = ops.kda_recurrent._init_fn(q2, k2, v2, a2, dt, A_log, b2, rS, LOWER_BOUND)
         assert rel(o, ro) < 1e-4 and rel(o2, ro2) < 1e-4 and rel(S_out, rS2) < 1e-4
+
+
+# ------------------------------------------------------------------------------------ kda_decode (fused variant)
+def decode_inputs(M, h, d, K, xdt, fdt, gdt, fk=128, gen=None):
+    dev = "cuda"
+    P = h * d
+
+    def rn(*shape, scale=1.0, dt=torch.float32):
+        return (torch.randn(*shape, device=dev, generator=gen) * scale).to(dt)
+    return (rn(M, P, dt=xdt), rn(M, P, dt=xdt), rn(M, P, dt=xdt), rn(M, K - 1, 3 * P, dt=xdt),
+            rn(P, K, scale=0.5), rn(P, K, scale=0.5), rn(P, K, scale=0.5),
+            rn(M, fk, dt=fdt), rn(P, fk, scale=fk ** -0.5, dt=fdt), rn(P, scale=0.5),
+            torch.log(torch.rand(h, device=dev, generator=gen) * 15 + 1), rn(M, h, dt=xdt),
+            rn(M, P, dt=gdt), 1 + rn(d, scale=0.1), rn(M, h, d, d, scale=0.1))
+
+
+@pytest.mark.parametrize("M", [1, 3, 8, 64])
+@pytest.mark.parametrize("h", [6, 12])
+@pytest.mark.parametrize("xdt,fdt,odt,newest", [(torch.bfloat16, torch.bfloat16, torch.bfloat16, True),
+                                                 (torch.float32, torch.float32, torch.float32, False)])
+def test_kda_decode_matches_reference(M, h, xdt, fdt, odt, newest, seed):
+    """Conv + SiLU, f_b, recurrence, gated RMSNorm in one kernel against ops.kda_decode (fp32 math) on fresh
+    random inputs, every output NaN-poisoned; the inputs (S, conv state) are not written."""
+    from k3fuse import ops
+    from k3fuse.codegen import kda_recurrent as kr
+    d, K = 128, 4
+    args = decode_inputs(M, h, d, K, xdt, fdt, xdt)
+    S0, C0 = args[-1].clone(), args[3].clone()
+    assert kr.launch_ok_decode(*args, odt) is None
+    P = h * d
+    o = torch.full((M, P), float("nan"), device="cuda", dtype=odt)
+    Sn = torch.full((M, h, d, d), float("nan"), device="cuda")
+    Cn = torch.full_like(args[3], float("nan"))
+    kr.kda_decode(*args, LOWER_BOUND, 1e-5, newest, odt, out=o, S_new=Sn, conv_new=Cn)
+    torch.cuda.synchronize()
+    ro, rS, rC = ops.kda_decode._init_fn(*args, LOWER_BOUND, 1e-5, newest, odt)
+    assert torch.equal(args[-1], S0) and torch.equal(args[3], C0), "the kernel wrote an input"
+    assert torch.equal(Cn, rC)
+    assert rel(Sn, rS) < 1e-4
+    assert rel(o, ro) < (1e-2 if odt == torch.bfloat16 else 1e-4)
+
+
+def test_kda_decode_cuda_impl_in_graph(seed):
+    """The registered CUDA impl (torch.ops.k3fuse.kda_decode) replayed in a CUDA graph on new inputs each time."""
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    registry.register()
+    M, h, d, K = 2, 6, 128, 4
+    bf = torch.bfloat16
+    static = decode_inputs(M, h, d, K, bf, bf, bf)
+    run = lambda: torch.ops.k3fuse.kda_decode(*static, LOWER_BOUND, 1e-5, True, bf)
+    run()                                                    # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = run()
+    for _ in range(2):
+        fresh = decode_inputs(M, h, d, K, bf, bf, bf)
+        for s, f in zip(static, fresh):
+            s.copy_(f)
+        for t in outs:
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ro, rS, rC = ops.kda_decode._init_fn(*fresh, LOWER_BOUND, 1e-5, True, bf)
+        assert rel(outs[0], ro) < 1e-2 and rel(outs[1], rS) < 1e-4 and torch.equal(outs[2], rC)
