@@ -26,7 +26,7 @@ from gpu_kernels import copy_bandwidth, graph_time, rel_err
 E, D, KT = 896, 3584, 16
 I_TP = {16: 192, 8: 384}
 BETA, LBETA = 4.0, 25.0
-KNOBS = [("CPC", (1, 2, 4, 8, 16, 32, 64)), ("R", (1, 2, 4)), ("G", (1, 2, 4, 8)), ("W", (4, 7, 8)),
+KNOBS = [("SB", (1, 2, 4)), ("CPC", (1, 2, 4, 8, 16, 32, 64)), ("R", (1, 2, 4)), ("G", (1, 2, 4, 8)), ("W", (4, 7, 8)),
          ("LPR", (4, 8, 16)), ("WD", (4, 8, 16)), ("RT", (1, 2))]
 
 
@@ -67,6 +67,9 @@ def main():
     ap.add_argument("--write-table", action="store_true",
                     help="merge the best configs into codegen/tuning/<gpu>.json (what moe_experts.config_for reads), "
                          "only where the best is no slower than the default on every routing")
+    ap.add_argument("--from-table", action="store_true",
+                    help="start from the config the layer runs (the tuning table's, else the heuristic default)")
+    ap.add_argument("--knobs", default="", help="only these knobs (comma list), e.g. SB for an A/B of one knob")
     ap.add_argument("--from-json", help="no GPU: take the results of an earlier run's moe_sweep.json (with "
                                         "--write-table: write its winners)")
     args = ap.parse_args()
@@ -135,9 +138,10 @@ def main():
                 seen[key] = row.get("us")
                 return seen[key]
 
-            default = me.default_config(E, I, D, KT, b)
+            default = me.config_for(E, I, D, KT, b) if args.from_table else me.default_config(E, I, D, KT, b)
             best, best_us = dict(default), trial(default)
-            for knob, values in KNOBS:
+            only = set(filter(None, args.knobs.split(",")))
+            for knob, values in [(k, v) for k, v in KNOBS if not only or k in only]:
                 for v in values:
                     if time.time() - t_start > args.budget_s:
                         break

@@ -51,10 +51,21 @@ def default_config(E: int, I: int, D: int, KT: int, bucket: int) -> dict:
     while D % (WD * rpw) and WD > 1:
         WD //= 2
     return {"R": R, "W": W, "G": G, "GROUP": int(bucket > 1), "WD": WD, "LPR": LPR, "RT": RT,
-            "CPC": cpc_for(I, R, KT, bucket)}
+            "CPC": cpc_for(I, R, KT, bucket), "SB": default_sb(KT, I, LPR, RT)}
 
 
-KNOBS = ("R", "W", "G", "GROUP", "WD", "LPR", "RT", "CPC")
+MAX_BATCH_VECTORS = 24   # 16-byte vectors a down-kernel lane holds per slot batch (96 registers)
+
+
+def default_sb(KT: int, I: int, LPR: int, RT: int) -> int:
+    """Slots per load batch of the down kernel: the most (4, 2, 1) dividing KT whose a + W2 vectors fit
+    MAX_BATCH_VECTORS per lane. 1 = the kernel timed in session 3 (one slot's loads at a time: 16.6 us for 22 MB of
+    W2 at TP16 M = 1, ~1.3 TB/s); more slots per batch put that many times the bytes in flight."""
+    per_slot = (I // 8 // LPR) * (RT + 1)
+    return next(s for s in (4, 2, 1) if KT % s == 0 and (s * per_slot <= MAX_BATCH_VECTORS or s == 1))
+
+
+KNOBS = ("R", "W", "G", "GROUP", "WD", "LPR", "RT", "CPC", "SB")
 
 
 def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] = None) -> dict:
@@ -71,6 +82,8 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
     t = lookup(FAMILY, (E, I, D, KT), bucket, gpu) if gpu is not None else None
     if t:
         cfg = {k: int(v) for k, v in t.items() if k in KNOBS}
+        if "LPR" in cfg and "RT" in cfg:             # entries written before the knob existed
+            cfg.setdefault("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"]))
         if set(cfg) == set(KNOBS) and supports(E, I, D, KT, bucket, cfg) is None:
             return cfg
     return default_config(E, I, D, KT, bucket)
@@ -99,6 +112,8 @@ def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Option
     cfg = cfg or config_for(E, I, D, KT, bucket)
     if I % (cfg["R"] * cfg.get("CPC", 1)):
         return f"I={I} not a multiple of R * CPC = {cfg['R']} * {cfg.get('CPC', 1)}"
+    if KT % cfg.get("SB", 1):
+        return f"k={KT} not a multiple of the down kernel's slot batch SB={cfg['SB']}"
     if (I // 8) % cfg["LPR"] or 32 % cfg["LPR"]:
         return f"I/8={I // 8} not a multiple of LPR={cfg['LPR']}"
     if D % (cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"]):
@@ -116,6 +131,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     return dict(E=E, I=I, D=D, KT=KT, BM=bucket, BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
                 R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=min(cfg["G"], bucket) if group else 1,
                 GROUP=group, CPC=cfg.get("CPC", 1) if group else 1, WD=cfg["WD"], LPR=cfg["LPR"], RT=cfg["RT"], VPL=(I // 8) // cfg["LPR"],
+                SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])),
                 DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
 
 
