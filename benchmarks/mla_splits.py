@@ -31,7 +31,12 @@ def main():
     ap.add_argument("--heads", default="6,12", help="heads per rank (K3: 6 at TP16, 12 at TP8)")
     ap.add_argument("--ms", default="1,8,64")
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--splits", default="", help="only these QSxVS candidates, e.g. 16x32,8x8")
+    ap.add_argument("--kv-splits", default="0", help="KV split counts of the split kernel to try (0: the launcher's "
+                                                     "n_splits(); others are keyed QSxVS/ns)")
     args = ap.parse_args()
+    cands = [tuple(int(v) for v in c.split("x")) for c in args.splits.split(",")] if args.splits else CANDIDATES
+    kvs = [int(v) for v in args.kv_splits.split(",")]
     from k3fuse import ops
     from k3fuse.codegen import mla_attention as ma
     bw = copy_bandwidth()
@@ -50,20 +55,23 @@ def main():
             floor_us = per_copy / bw * 1e6
             out = torch.empty(M, h, V, device="cuda")
             row = dict(h=h, M=M, copies=copies, floor_us=round(floor_us, 2), us={}, rel_err={}, errors={})
-            for sp in CANDIDATES:
-                key = f"{sp[0]}x{sp[1]}"
+            for sp, ns in [(sp, ns) for sp in cands for ns in kvs]:
+                key = f"{sp[0]}x{sp[1]}" + (f"/{ns}" if ns else "")
+                ns = ns or None
                 if ma.splits_ok(N, V, sp):
                     continue
                 try:
                     out.fill_(float("nan"))
-                    ma.mla_attention(q[..., :N], q[..., N:], data[0][1], data[0][0], sl, SCALE, out=out, splits=sp)
+                    ma.mla_attention(q[..., :N], q[..., N:], data[0][1], data[0][0], sl, SCALE, out=out, splits=sp,
+                                     n_split=ns)
                     torch.cuda.synchronize()
                     row["rel_err"][key] = rel_err(out, ref.double())
                     if not row["rel_err"][key] < 1e-2:
                         raise AssertionError(f"rel err {row['rel_err'][key]}")
                     row["us"][key] = round(graph_time(
                         lambda i: ma.mla_attention(q[..., :N], q[..., N:], data[i % copies][1], data[i % copies][0],
-                                                   sl, SCALE, out=out, splits=sp), 2 * copies, 10)[0], 2)
+                                                   sl, SCALE, out=out, splits=sp, n_split=ns), 2 * copies,
+                        10)[0], 2)
                 except Exception as e:
                     row["errors"][key] = f"{type(e).__name__}: {e}"[:300]
                 print(json.dumps(dict(h=h, M=M, splits=key, us=row["us"].get(key), rel_err=row["rel_err"].get(key),
