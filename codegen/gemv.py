@@ -188,11 +188,12 @@ def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
 #   norm: RMSNorm prologue (k3fuse::rms_norm(x, norm_w, eps, bf16) feeding the GEMV; x bf16 or fp32)
 #   act = "situ": SiTU-GLU epilogue over [gate; up] weight rows (k3fuse::situ_glu of the GEMV output)
 # Only the simt variant has them so far (the buckets where it is the fastest kernel: M <= 4 on the H200).
-NO_FUSION = {"norm": False, "eps": 1e-5, "x_fp32": False, "act": "none", "beta": 4.0, "lbeta": 25.0}
+NO_FUSION = {"norm": False, "eps": 1e-5, "x_fp32": False, "act": "none", "beta": 4.0, "lbeta": 25.0,
+             "y_fp32": False}
 
 
 def fusion_supports(N: int, K: int, bucket: int, cfg: dict, fusion: dict) -> Optional[str]:
-    if not (fusion.get("norm") or fusion.get("act", "none") != "none"):
+    if not (fusion.get("norm") or fusion.get("act", "none") != "none" or fusion.get("y_fp32")):
         return None
     if cfg["variant"] != "simt":
         return f"fusions are generated for the simt variant only (not {cfg['variant']})"
@@ -231,6 +232,8 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
     if fused:
         params.update(NORM=bool(fusion["norm"]), XF32=bool(fusion["x_fp32"]), EPS=repr(float(fusion["eps"])),
                       ACT=fusion["act"], BETA=repr(float(fusion["beta"])), LBETA=repr(float(fusion["lbeta"])))
+    if fusion["y_fp32"]:
+        params["YF32"] = True
     return template, render(template, **params), cfg
 
 
@@ -276,6 +279,25 @@ def linear_fused(x, w, norm_w=None, eps: float = 1e-5, act: str = "none", beta: 
     else:
         k(x, w, y)
     return y
+
+
+def linear_fp32_out(x, w, cfg: Optional[dict] = None, out=None):
+    """y = x @ w^T with an fp32 output (fp32 accumulate, no bf16 rounding): the router logits. simt variant only.
+    x [M, K] bf16 contiguous, w [N, K] bf16 contiguous, M <= 64."""
+    import torch
+    M, K = x.shape
+    N = w.shape[0]
+    k = build(N, K, bucket_for(M), cfg or fp32_out_config(N, K, bucket_for(M)), fusion=dict(y_fp32=True))
+    y = out if out is not None else torch.empty(M, N, dtype=torch.float32, device=x.device)
+    k(x, w, y)
+    return y
+
+
+def fp32_out_config(N: int, K: int, bucket: int) -> dict:
+    """The fp32-output kernel's config: the tuned / heuristic simt config of the shape (the store is the only
+    difference), else the simt default."""
+    cfg = config_for(N, K, bucket)
+    return cfg if cfg["variant"] == "simt" else default_fused_config(N, K, bucket, {})
 
 
 def linear(x, w, cfg: Optional[dict] = None, out=None):

@@ -138,6 +138,14 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                          shape=dict(E=cfg.num_experts, k=cfg.num_experts_per_token), bucket=None,
                          config=dict(renormalize=cfg.norm_topk_prob, scale=cfg.routed_scaling_factor),
                          name=f"router_topk_e{cfg.num_experts}_k{cfg.num_experts_per_token}"))
+    # the router logits' fp32-output GEMV (M <= router_topk.GEMV_MAX_M; the MoE split gives each rank E / tp rows)
+    En, H = cfg.num_experts, cfg.hidden_size
+    Nr = En // tp if tp > 1 and En % tp == 0 else En
+    for b in sorted({bucket_for(m) for m in batches if bucket_for(m) and bucket_for(m) <= router_topk.GEMV_MAX_M}):
+        rc = gemv.fp32_out_config(Nr, H, b)
+        if gemv.supports(Nr, H, b, rc) is None:
+            jobs.append(dict(family="gemv", op="k3fuse::router_logits", shape=dict(N=Nr, K=H), bucket=b, config=rc,
+                             fusion=dict(y_fp32=True), name=f"router_logits_gemv_{Nr}x{H}_b{b}_fp32"))
     # decode attention and routed experts
     from . import kda_recurrent, moe_experts
     # the KDA step as pass fuse_kda_conv_gated_norm leaves it: kda_decode (conv, f_b, recurrence, gated norm)
@@ -194,7 +202,8 @@ def build_job(job: dict, arch: str):
         return gemv.build_group(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False)
     if job["family"] == "gemv":
         s = job["shape"]
-        return gemv.build(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False)
+        return gemv.build(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False,
+                          fusion=job.get("fusion"))
     if job["family"] == "fused_residual_norm":
         c = job["config"]
         return frn.build_mix_norm(job["shape"]["H"], job["shape"]["blocks"], c["addend"], c["prefix"], c["norm"],

@@ -16,6 +16,7 @@ Compile key: the rendered source (E, k, renormalize, scale, threads) + arch; M i
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional
 
 from .render import render
@@ -114,19 +115,52 @@ def topk_from_logits_cuda(logits, bias, top_k, renormalize, scale):
 
 
 _mm_out_dtype = True      # until torch.mm(..., out_dtype=float32) fails once
+GEMV_MAX_M = 4            # the CUDA-core GEMV is the faster one up to M ~ 4 on the H200 (RESULTS.md, run 5)
+
+
+def router_gemv_enabled() -> bool:
+    """The fp32-output simt GEMV for the router logits at M <= GEMV_MAX_M (one launch; cuBLAS's split-K GEMM took
+    two, 5.9 + 1.8 us at TP16 M = 1, RESULTS.md session 4); K3FUSE_ROUTER_GEMV=0 keeps cuBLAS."""
+    return os.environ.get("K3FUSE_ROUTER_GEMV", "1") != "0"
+
+
+def _gemv_ok(x, weight) -> Optional[str]:
+    import torch
+    from . import gemv
+    from .buckets import bucket_for
+    K = x.shape[-1]
+    M = x.numel() // K if K else 0
+    if not router_gemv_enabled():
+        return "K3FUSE_ROUTER_GEMV=0"
+    if not 1 <= M <= GEMV_MAX_M:
+        return f"M={M} > {GEMV_MAX_M} (cuBLAS)"
+    if not weight.is_contiguous() or weight.data_ptr() % 16 or weight.dtype != torch.bfloat16:
+        return "weight not contiguous / 16-byte aligned bf16"
+    b = bucket_for(M)
+    return gemv.supports(weight.shape[0], K, b, gemv.fp32_out_config(weight.shape[0], K, b))
 
 
 def router_logits_cuda(x, weight):
-    """CUDA implementation of k3fuse::router_logits (fp32 x @ weight^T of bf16 operands): one cuBLAS GEMM with bf16
-    inputs and an fp32 output (`mm(..., out_dtype=float32)`, fp32 accumulate: the reference's math up to the
-    summation order), instead of converting the weight to fp32 first (at E = 896: 13 MB read instead of a 13 MB
-    read + 26 MB write + 26 MB read; ~16 us -> ~4 us expected, not measured)."""
+    """CUDA implementation of k3fuse::router_logits (fp32 x @ weight^T of bf16 operands, fp32 accumulate: the
+    reference's math up to the summation order). M <= GEMV_MAX_M: the simt GEMV with an fp32 output (codegen/gemv.py
+    linear_fp32_out, one launch); otherwise one cuBLAS GEMM with bf16 inputs and an fp32 output
+    (`mm(..., out_dtype=float32)`) instead of converting the weight to fp32 first (13 MB read instead of
+    13 + 26 + 26 MB at E = 896)."""
     import torch
     from k3fuse import ops
-    from .registry import log_fallback
+    from . import gemv
+    from .registry import _env_ok, log_fallback
     global _mm_out_dtype
     op = "k3fuse::router_logits"
     if x.dtype == weight.dtype == torch.bfloat16 and x.is_cuda and weight.dim() == 2:
+        why = _gemv_ok(x, weight)
+        if why is None and _env_ok(op, x.device):
+            x2 = x.reshape(-1, x.shape[-1])
+            if not x2.is_contiguous() or x2.data_ptr() % 16:
+                x2 = x2.clone(memory_format=torch.contiguous_format)
+            return gemv.linear_fp32_out(x2, weight).reshape(*x.shape[:-1], weight.shape[0])
+        if why is not None:
+            log_fallback(op + " (gemv)", why)
         if _mm_out_dtype:
             try:
                 x2 = x.reshape(-1, x.shape[-1])

@@ -300,3 +300,20 @@ def test_plan_follows_runtime_choices():
     jobs100, _ = kernels_cli.plan("k3", 8, [8], "sm_100a")
     assert [j for j in jobs100 if j["family"] == "moe_experts"][0]["config"]["kernel"] == \
         moe_experts.default_config(E, 384, D, KT, 8)
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_gemv_fp32_output_variant(arch):
+    """The router logits' GEMV (fusion y_fp32): fp32 stores, 128-bit weight loads, no local memory; the bf16 GEMV
+    of the same shape renders a different source (separate cache key)."""
+    import re
+    from k3fuse.codegen import gemv
+    cfg = gemv.fp32_out_config(896, 7168, 1)
+    assert cfg["variant"] == "simt"
+    k = gemv.build(896, 7168, 1, cfg, arch=arch, load=False, fusion=dict(y_fp32=True))
+    ptx = open(k.files["kernel.ptx"]).read()
+    stores = set(re.findall(r"st\.global(?:\.[a-z0-9]+)*", ptx))
+    assert stores == {"st.global.b32"} or stores == {"st.global.f32"}, stores
+    assert re.search(r"ld\.global(\.[a-z0-9:_]+)*\.v4\.[bu]32", ptx) or "ld.global.v2.b64" in ptx
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert gemv.render_source(896, 7168, 1, cfg, dict(y_fp32=True))[1] != gemv.render_source(896, 7168, 1, cfg)[1]

@@ -64,3 +64,29 @@ def test_router_logits_and_topk_cuda(M, seed):
     same = ids == rids
     assert same.float().mean().item() > 0.99              # summation order may swap a near-tie
     assert torch.allclose(wt[same], rwt[same], rtol=1e-5)   # the weights of the experts both chose
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 4])
+def test_router_logits_gemv_fp32_out(M, seed, monkeypatch):
+    """M <= GEMV_MAX_M: the logits come from the simt GEMV with an fp32 output (gemv.linear_fp32_out), not cuBLAS:
+    fp32 rel err < 1e-5 against the fp32 reference, output NaN-poisoned; K3FUSE_ROUTER_GEMV=0 gives cuBLAS's."""
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen import router_topk as rt
+    x = torch.randn(M, 7168, device="cuda").to(torch.bfloat16)
+    w = (torch.randn(896, 7168, device="cuda") * 7168 ** -0.5).to(torch.bfloat16)
+    ref = ops.router_logits._init_fn(x, w).double()
+    out = torch.full((M, 896), float("nan"), device="cuda")
+    gemv.linear_fp32_out(x, w, out=out)
+    torch.cuda.synchronize()
+    assert torch.isfinite(out).all() and ((out.double() - ref).norm() / ref.norm()).item() < 1e-5
+    assert rt._gemv_ok(x, w) is None
+    calls = []
+    real = gemv.linear_fp32_out
+    monkeypatch.setattr(gemv, "linear_fp32_out", lambda *a, **k: calls.append(1) or real(*a, **k))
+    lg = rt.router_logits_cuda(x, w)
+    assert calls == [1] and torch.equal(lg, out)
+    monkeypatch.setenv("K3FUSE_ROUTER_GEMV", "0")
+    assert rt._gemv_ok(x, w) == "K3FUSE_ROUTER_GEMV=0"
+    lg2 = rt.router_logits_cuda(x, w)
+    assert calls == [1] and ((lg2.double() - ref).norm() / ref.norm()).item() < 1e-5
