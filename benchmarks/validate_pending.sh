@@ -10,7 +10,7 @@ t() { echo "== $*"; local s=$(date +%s); "$@" > "$OUT/$(echo "$*" | tr -c 'a-zA-
 t timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_router_topk_gpu.py || export K3FUSE_ROUTER_GEMV=0
 echo "K3FUSE_ROUTER_GEMV=${K3FUSE_ROUTER_GEMV:-1}"
 t timeout 240 python3 benchmarks/layer_bench.py --out "$OUT" --kinds kda,mla --tp 16,8 --ms 1,8,64 --top 40
-K3FUSE_ROUTER_GEMV=0 t timeout 45 python3 benchmarks/layer_bench.py --out "$OUT" --kinds kda --tp 16 --ms 1 \
+t env K3FUSE_ROUTER_GEMV=0 timeout 45 python3 benchmarks/layer_bench.py --out "$OUT" --kinds kda --tp 16 --ms 1 \
     --skip inductor --top 40 --tag _router_cublas
 t timeout 70 python3 benchmarks/mla_splits.py --out "$OUT" --heads 6,12 --ms 1,8 --splits 16x32,8x8,4x4 \
     --kv-splits 0,8,32
