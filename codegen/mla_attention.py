@@ -146,10 +146,14 @@ def _sm_count(index: int) -> int:
 
 
 def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
-    """Splits of T per token row: about two CTAs per SM in all, at least MIN_TILES_PER_SPLIT tiles per split."""
+    """Splits of T per token row: about two CTAs per SM in all, at least MIN_TILES_PER_SPLIT tiles per split (one
+    at M = 1: 16 -> 32 splits of a 1024-token context took the three kernels 22.8 -> 19.4 us at h = 6 and 28.0 ->
+    22.7 us at h = 12 on the H200; at M = 8, 32 instead of 16 splits was 2-6% slower: benchmarks/mla_splits.py
+    --kv-splits, RESULTS.md session 4)."""
     ntiles = -(-T // tt)
     want = -(-2 * sms // max(M, 1))
-    return max(1, min(want, -(-ntiles // MIN_TILES_PER_SPLIT)))
+    min_tiles = 1 if M == 1 else MIN_TILES_PER_SPLIT
+    return max(1, min(want, -(-ntiles // min_tiles)))
 
 
 def head_groups(h: int) -> int:

@@ -202,6 +202,8 @@ def test_mla_split_arithmetic_model(M, T, seq_lens, ns, tt):
         for TT in (1, 31, 32, 4096, 8192):
             k = ma.n_splits(MM, TT)
             assert 1 <= k <= max(1, -(-TT // ma.DEFAULT_TT))
+    # the measured choice at a 1024-token context (132 SMs): one tile per split at M = 1, two from M = 2
+    assert (ma.n_splits(1, 1024), ma.n_splits(8, 1024), ma.n_splits(64, 1024)) == (32, 16, 5)
 
 
 def test_mla_fallback_on_cpu():
