@@ -266,8 +266,6 @@ def kda_decode_cuda(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_
     from .registry import _env_ok, log_fallback
     args = (q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b, go, o_norm, S)
     reason = launch_ok_decode(*args, out_dtype)
-    if reason is None and not fused_enabled():
-        reason = "K3FUSE_KDA_FUSED=0"
     if reason is not None:
         log_fallback(OP_FUSED, reason)
         return ops.kda_decode._init_fn(*args, lower_bound, eps, newest_tap_last, out_dtype)
@@ -275,13 +273,6 @@ def kda_decode_cuda(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_
         return ops.kda_decode._init_fn(*args, lower_bound, eps, newest_tap_last, out_dtype)
     join_pending()
     return kda_decode(*args, lower_bound, eps, newest_tap_last, out_dtype)
-
-
-def fused_enabled() -> bool:
-    """The fused kernel is what kda_decode runs on CUDA; K3FUSE_KDA_FUSED=0 runs its reference instead (a
-    fallback for triage: the reference is ATen op by op, slower than the unfused pass pipeline)."""
-    import os
-    return os.environ.get("K3FUSE_KDA_FUSED", "1") != "0"
 
 
 IMPLS = {OP: kda_recurrent_cuda, OP_FUSED: kda_decode_cuda}

@@ -14,9 +14,11 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
                                K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel all-reduce (mixnorm_allreduce.py)
   k3fuse::all_gather           with K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel gather (allgather_oneshot.py)
   k3fuse::topk_from_logits, router_logits, router_topk   unless K3FUSE_ROUTER_TOPK=0: the router top-k kernel
-                               after a bf16 -> fp32 cuBLAS GEMM (router_topk.py)
+                               after the logits: the fp32-output simt GEMV at M <= 4 (K3FUSE_ROUTER_GEMV=0: cuBLAS),
+                               else a bf16 -> fp32 cuBLAS GEMM (router_topk.py)
   k3fuse::prefetch_l2          bulk L2 prefetch on a side stream
-  k3fuse::kda_recurrent, mla_attention, moe_experts   (kda_recurrent.py, mla_attention.py, moe_experts.py)
+  k3fuse::kda_recurrent, kda_decode, mla_attention, moe_experts   (kda_recurrent.py, mla_attention.py,
+                               moe_experts.py; kda_decode = the recurrence kernel with conv, f_b and gated norm inside)
 and, where compiler/ops.py defines them, the fused GEMVs k3fuse::rms_norm_linear, k3fuse::linear_situ_glu and
 k3fuse::rms_norm_linear_situ_glu (RMSNorm prologue / SiTU-GLU epilogue; see OPTIONAL_IMPLS).
 Every fallback logs ONE line per (op, reason) on the "k3fuse.codegen" logger, at INFO level... the first time.
