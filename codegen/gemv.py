@@ -13,6 +13,7 @@ rendered sources and cache keys of kernels without it are the same as before it 
 """
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Optional
 
@@ -295,9 +296,20 @@ def linear_fp32_out(x, w, cfg: Optional[dict] = None, out=None):
 
 def fp32_out_config(N: int, K: int, bucket: int) -> dict:
     """The fp32-output kernel's config: the tuned / heuristic simt config of the shape (the store is the only
-    difference), else the simt default."""
+    difference), else the simt default. Memoised (the router asks on every call)."""
+    return dict(_fp32_out_config(N, K, bucket))
+
+
+@functools.lru_cache(maxsize=None)
+def _fp32_out_config(N: int, K: int, bucket: int) -> dict:
     cfg = config_for(N, K, bucket)
     return cfg if cfg["variant"] == "simt" else default_fused_config(N, K, bucket, {})
+
+
+@functools.lru_cache(maxsize=None)
+def fp32_out_supports(N: int, K: int, bucket: int) -> Optional[str]:
+    """None if the fp32-output kernel exists for (N, K, bucket), else why not. Memoised (per-call check)."""
+    return supports(N, K, bucket, _fp32_out_config(N, K, bucket))
 
 
 def linear(x, w, cfg: Optional[dict] = None, out=None):

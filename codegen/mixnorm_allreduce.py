@@ -13,11 +13,10 @@ The copy is 2 * H bytes per row from L2 (the GEMV just wrote it).
 Peer regions, epochs, flags and the timeout are described in compiler/peer_buffers.py and the template docstring.
 `check_error(peer)` raises if a kernel on this rank gave up waiting (then `peer.reset()` on every rank).
 
-Not wired yet. The intended wiring: codegen/registry.py's fused_residual_norm CUDA impl calls
-`fused_residual_norm_ar_or_none(<the op's args>)` first when group_name != "" and uses its result unless None
-(None: the functional all-reduce path as now; it also covers addend_partial, which the functional CUDA path
-cannot). It resolves the group and the peer buffers (collective at the first call, so the first call must be an
-eager one, not inside a graph capture). codegen.compile.clear_memo() clears this module's `_built`.
+Wired: codegen/registry.py's fused_residual_norm CUDA impl calls `fused_residual_norm_ar_or_none(<the op's args>)`
+first when group_name != "" (opt-in: K3FUSE_INKERNEL_COLLECTIVES=1) and uses its result unless None (None: the
+functional all-reduce path). It resolves the group and the peer buffers (collective at the first call, so the first
+call must be an eager one, not inside a graph capture). codegen.compile.clear_memo() clears this module's `_built`.
 """
 from __future__ import annotations
 

@@ -261,13 +261,13 @@ def mla_attention_cuda(q_nope, q_pe, cache, kv_b, seq_lens, scale):
     h = q_nope.shape[1] if q_nope.dim() == 3 else 0
     g = head_groups(h)
     if g > 1 and kv_b.dim() == 2 and kv_b.shape[0] % h == 0:
-            hg, rows = h // g, kv_b.shape[0] // h
-            parts = [(q_nope[:, i * hg:(i + 1) * hg], q_pe[:, i * hg:(i + 1) * hg],
-                      kv_b[i * hg * rows:(i + 1) * hg * rows]) for i in range(g)]
-            if all(launch_ok(qn, qp, cache, kb, seq_lens) is None for qn, qp, kb in parts) \
-                    and _env_ok(OP, cache.device):
-                join_pending()
-                return torch.cat([mla_attention(qn, qp, cache, kb, seq_lens, scale) for qn, qp, kb in parts], 1)
+        hg, rows = h // g, kv_b.shape[0] // h
+        parts = [(q_nope[:, i * hg:(i + 1) * hg], q_pe[:, i * hg:(i + 1) * hg],
+                  kv_b[i * hg * rows:(i + 1) * hg * rows]) for i in range(g)]
+        if all(launch_ok(qn, qp, cache, kb, seq_lens) is None for qn, qp, kb in parts) \
+                and _env_ok(OP, cache.device):
+            join_pending()
+            return torch.cat([mla_attention(qn, qp, cache, kb, seq_lens, scale) for qn, qp, kb in parts], 1)
     reason = launch_ok(q_nope, q_pe, cache, kv_b, seq_lens)
     if reason is not None:
         log_fallback(OP, reason)

@@ -59,8 +59,9 @@ MAX_BATCH_VECTORS = 24   # 16-byte vectors a down-kernel lane holds per slot bat
 
 def default_sb(KT: int, I: int, LPR: int, RT: int) -> int:
     """Slots per load batch of the down kernel: the most (4, 2, 1) dividing KT whose a + W2 vectors fit
-    MAX_BATCH_VECTORS per lane. 1 = the kernel timed in session 3 (one slot's loads at a time: 16.6 us for 22 MB of
-    W2 at TP16 M = 1, ~1.3 TB/s); more slots per batch put that many times the bytes in flight."""
+    MAX_BATCH_VECTORS per lane (more would spill: SB = 4 at 24 vectors per slot took 175 vs 43 us). Batching was
+    meant to put more bytes in flight; measured on the H200 (RESULTS.md session 4) it changes nothing beyond +-2%
+    (TP16 M = 1 down + up: 30.1 us at SB = 1, 30.5 at SB = 4). This default is what the session-4 tables ran."""
     per_slot = (I // 8 // LPR) * (RT + 1)
     return next(s for s in (4, 2, 1) if KT % s == 0 and (s * per_slot <= MAX_BATCH_VECTORS or s == 1))
 

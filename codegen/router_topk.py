@@ -5,11 +5,11 @@ a block-wide Int64 max, the chosen sigmoid scores renormalised and scaled. Memor
 (3.5 KB per token at E = 896): it is latency-bound, and it replaces ATen's topk (gatherTopK + bitonicSort, 13.4 us
 at E = 896, k = 16 on the H200) and the elementwise kernels around it.
 
-Also here: k3fuse::router_logits / router_topk on CUDA as one bf16 x bf16 -> fp32 cuBLAS GEMM (no fp32 copy of
-the router weight) followed by this kernel.
+Also here: k3fuse::router_logits / router_topk on CUDA: the logits from the fp32-output simt GEMV at M <= 4, else one
+bf16 x bf16 -> fp32 cuBLAS GEMM (no fp32 copy of the router weight), then this kernel.
 
-EXPERIMENTAL: compiled for sm_90a / sm_100a in CI; NOT run on a GPU yet (tests/test_router_topk_gpu.py is written).
-Registered unless K3FUSE_ROUTER_TOPK=0 (see IMPLS and codegen/registry.py).
+GPU-tested on the H200 (tests/test_router_topk_gpu.py, sessions 3 and 4); registered unless K3FUSE_ROUTER_TOPK=0
+(see IMPLS and codegen/registry.py).
 
 Compile key: the rendered source (E, k, renormalize, scale, threads) + arch; M is a runtime dimension.
 """
@@ -136,8 +136,7 @@ def _gemv_ok(x, weight) -> Optional[str]:
         return f"M={M} > {GEMV_MAX_M} (cuBLAS)"
     if not weight.is_contiguous() or weight.data_ptr() % 16 or weight.dtype != torch.bfloat16:
         return "weight not contiguous / 16-byte aligned bf16"
-    b = bucket_for(M)
-    return gemv.supports(weight.shape[0], K, b, gemv.fp32_out_config(weight.shape[0], K, b))
+    return gemv.fp32_out_supports(weight.shape[0], K, bucket_for(M))
 
 
 def router_logits_cuda(x, weight):

@@ -222,7 +222,7 @@ def kda_decode(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, conv_state:
         y, st = _causal_conv(x, conv_state[..., i * P:(i + 1) * P], w, newest_tap_last)
         convs.append(y.view(M, h, d))
         states.append(st)
-    a = (fa.float() @ f_b.float().t()).to(fa.dtype)                    # k3fuse::linear's math
+    a = linear._init_fn(fa, f_b)                                       # the f_b projection (k3fuse::linear)
     o, S_new = kda_recurrent._init_fn(*convs, a, dt_bias, A_log, b, S, lower_bound)
     o = _rms(o, eps) * o_norm.float() * torch.sigmoid(go.float().view(M, h, d))
     return o.reshape(M, P).to(out_dtype), S_new, torch.cat(states, dim=-1)

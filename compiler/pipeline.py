@@ -35,12 +35,12 @@ def pipeline_passes():
     from k3fuse.passes.fuse_shared_input_linears import FuseSharedInputLinears
     from k3fuse.passes.insert_prefetch import InsertPrefetch
     from k3fuse.passes.split_moe_across_ranks import SplitMoEAcrossRanks
-    return [Canonicalize, FuseKdaConvGatedNorm, FuseAttnOutAllReduceAttnResNorm, SplitMoEAcrossRanks, FuseSharedInputLinears,
-            InsertPrefetch]
+    return [Canonicalize, FuseKdaConvGatedNorm, FuseAttnOutAllReduceAttnResNorm, SplitMoEAcrossRanks,
+            FuseSharedInputLinears, InsertPrefetch]
 
 
-PASS_NAMES = ("canonicalize", "fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm", "split_moe_across_ranks",
-              "fuse_shared_input_linears", "insert_prefetch")
+PASS_NAMES = ("canonicalize", "fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm",
+              "split_moe_across_ranks", "fuse_shared_input_linears", "insert_prefetch")
 
 
 def op_counts(graph: fx.Graph) -> dict[str, int]:
