@@ -2,17 +2,28 @@
 CUDA-graph replayed, against the HBM floor (bytes the layer must read / copy bandwidth measured in the same run).
 
     python3 benchmarks/layer_bench.py --out DIR [--kinds kda,mla] [--tp 16,8] [--ms 1,8,64] [--max-autotune]
+                                      [--period model|layer]
 
 Per-rank shapes: heads 96/t (KDA and MLA), expert and shared-expert widths 3072/t and 6144/t, router, routed
 down/up projections and MLA q_a/kv_a replicated (K3_MODEL.md section 7). On one GPU there is no all-reduce: the
 numbers are the layer's compute and HBM traffic only. Layers: 13 (KDA + MoE) and 15 (MLA + MoE), two AttnRes
 blocks completed, MLA context 1024. Weights rotate between 2 copies of the layer (each > 3x the 60 MiB L2), so
 every replay reads HBM. Writes results JSON (one row per kind x tp x M) and a PNG; prints a table last.
+
+What one layer is (--period): "model" (default since session 5) is one period of the model's steady state, from
+the layer's normed input x to the NEXT layer's normed input: attention ... MoE, then the next layer's input step
+(prefix += MoE output, depth mix, RMSNorm), as every layer but the first runs inside the model, where the MoE output
+feeds the next layer's mix-norm (pass fuse_attn_out_allreduce_attnres_norm fuses it with the shared expert's down
+projection). The next layer's input step uses this layer's input-mix modules: same shapes and, for the layers
+benchmarked (13 -> 14, 15 -> 16), the same block structure. "layer" (sessions 1-4) starts from the raw (prefix,
+MoE output) and ends at the MoE output: the input step then has no producer in the graph to fuse with, so it and
+the final add run as separate glue kernels that the model does not have.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import time
 import zlib
@@ -37,6 +48,8 @@ def per_rank_config(tp: int) -> KimiK3Config:
 
 
 class OneLayer(nn.Module):
+    """--period layer: (prefix, blocks, previous MoE output) -> (prefix, MoE output)."""
+
     def __init__(self, cfg, layer, group=None):
         super().__init__()
         self.layer = KimiK3DecoderLayer(cfg, layer, TP(group), torch.bfloat16)
@@ -45,13 +58,24 @@ class OneLayer(nn.Module):
         return self.layer(prefix, [b0, b1], mlp_out, cache)
 
 
+class OnePeriod(OneLayer):
+    """--period model: (x, prefix, blocks) -> (prefix, the next layer's x); see the module docstring."""
+
+    def forward(self, x, prefix, b0, b1, cache: KimiK3Cache):
+        prefix, mlp_out = self.layer.body(x, prefix, [b0, b1], cache)
+        return self.layer.mix_input(prefix, [b0, b1], mlp_out)
+
+
 @torch.no_grad()
-def make_layer(cfg, kind, seed, device="cuda", group=None):
+def make_layer(cfg, kind, seed, device="cuda", group=None, period="layer"):
     """The layer's per-rank shapes: cfg's (per_rank_config) without a group; the full config sharded with one."""
     l = LAYER[kind]
     assert cfg.layer_kind(l) == kind
+    if period == "model":   # the next layer's input step reuses this layer's modules: same block structure
+        B = cfg.attn_res_block_size
+        assert (l + 1) % B and math.ceil((l + 1) / B) == math.ceil(l / B), "layer l+1 starts a block"
     with torch.device("meta"):
-        m = OneLayer(cfg, l, group)
+        m = (OnePeriod if period == "model" else OneLayer)(cfg, l, group)
     m = m.to_empty(device=device)
     for name, p in m.named_parameters():
         g = torch.Generator(device=device).manual_seed(seed + zlib.crc32(name.encode()))
@@ -76,6 +100,8 @@ def make_inputs(cfg, m: OneLayer, M, device="cuda"):
     else:
         lat[l] = r(M, CONTEXT, cfg.kv_lora_rank + cfg.qk_rope_head_dim)
     cache = KimiK3Cache(conv, rec, lat, torch.full((M,), CONTEXT - 24, dtype=torch.int64, device=device))
+    if isinstance(m, OnePeriod):        # x (normed: unit rms), prefix, two blocks
+        return [r(M, H), r(M, H), r(M, H), r(M, H), cache]
     return [r(M, H), r(M, H), r(M, H), r(M, H) * 0.1, cache]
 
 
@@ -104,7 +130,7 @@ def floor_bytes(cfg, m: OneLayer, inp, M) -> int:
         n += 2 * (c.conv_state[l].numel() * 2 + c.recurrent_state[l].numel() * 4)
     else:
         n += M * (CONTEXT - 23) * c.latent_cache[l].shape[-1] * 2
-    n += 8 * M * cfg.hidden_size * 2           # prefix, blocks, mlp_out in; prefix, mlp_out out
+    n += 6 * M * cfg.hidden_size * 2           # 4 [M, H] rows in (x or mlp_out, prefix, 2 blocks), 2 out
     return n
 
 
@@ -159,6 +185,8 @@ def main():
     ap.add_argument("--without-passes", default="", help="k3fuse passes to leave out (A/B of one fusion), e.g. "
                                                           "fuse_kda_conv_gated_norm")
     ap.add_argument("--tag", default="", help="suffix of the output files (several runs in one directory)")
+    ap.add_argument("--period", choices=("model", "layer"), default="model",
+                    help="model: x -> next layer's x, as inside the model (default); layer: sessions 1-4's boundary")
     args = ap.parse_args()
     torch._dynamo.config.cache_size_limit = 64
     passes = None
@@ -176,7 +204,7 @@ def main():
     for kind in args.kinds.split(","):
         for tp in map(int, args.tp.split(",")):
             cfg = per_rank_config(tp)
-            layers = [make_layer(cfg, kind, seed) for seed in (0, 1)]
+            layers = [make_layer(cfg, kind, seed, period=args.period) for seed in (0, 1)]
             vs = variants(args.max_autotune, passes)
             for v in filter(None, args.skip.split(",")):
                 if v != "eager":            # eager stays: it is the reference
@@ -184,7 +212,8 @@ def main():
             for M in map(int, args.ms.split(",")):
                 torch.manual_seed(M)
                 base = make_inputs(cfg, layers[0], M)
-                row = {"kind": kind, "tp": tp, "M": M, "gpu": gpu, "date": date, "copy_TBps": round(bw / 1e12, 3)}
+                row = {"kind": kind, "tp": tp, "M": M, "gpu": gpu, "date": date, "copy_TBps": round(bw / 1e12, 3),
+                       "period": args.period}
                 fb = floor_bytes(cfg, layers[0], base, M)
                 row["floor_MB"], row["floor_us"] = round(fb / 1e6, 1), round(fb / bw * 1e6, 1)
                 ref = vs["eager"](layers[0], *clone_inputs(base))

@@ -19,13 +19,16 @@ MAX_BLOCKS = 8
 
 
 def mixnorm_params(H: int, nb: int, has_addend: bool, has_prefix: bool, has_norm: bool, fp32_norm: bool,
-                   mix_eps: float, norm_eps: float) -> dict:
+                   mix_eps: float, norm_eps: float, wm_pair: bool = False) -> dict:
     hv = H // 8
     threads = min(1024, -(-hv // 32) * 32)
     vpt = -(-hv // threads)
-    return dict(H=H, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), HAS_NORM=bool(has_norm),
-                FP32_NORM=bool(fp32_norm), MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)),
-                THREADS=threads, VPT=vpt, PRED_V=hv % threads != 0, ALLREDUCE=False)
+    p = dict(H=H, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), HAS_NORM=bool(has_norm),
+             FP32_NORM=bool(fp32_norm), MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)),
+             THREADS=threads, VPT=vpt, PRED_V=hv % threads != 0, ALLREDUCE=False)
+    if wm_pair:     # only when set, so that the other kernels' sources and cache keys stay as they were
+        p["WM_PAIR"] = True
+    return p
 
 
 def supports(H: int, nb: int) -> Optional[str]:
@@ -36,27 +39,37 @@ def supports(H: int, nb: int) -> Optional[str]:
     return None
 
 
-def render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps) -> str:
+def pair_ok(w_mix, w_mix_scale, H: int) -> bool:
+    """The kernel forms w_mix * w_mix_scale itself (WM_PAIR) from two contiguous, 16-byte aligned bf16 [H]
+    vectors (AttnRes's res_norm.weight and res_proj.weight viewed [H])."""
+    import torch
+    return all(t.dtype == torch.bfloat16 and t.numel() == H and t.is_contiguous() and t.data_ptr() % 16 == 0
+               for t in (w_mix, w_mix_scale))
+
+
+def render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps, wm_pair=False) -> str:
     why = supports(H, nb)
     if why:
         raise ValueError(why)
-    return render(TEMPLATE, **mixnorm_params(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps))
+    return render(TEMPLATE, **mixnorm_params(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps,
+                                             wm_pair))
 
 
 _built: dict = {}
 
 
 def build_mix_norm(H, nb, has_addend=False, has_prefix=True, has_norm=True, fp32_norm=False, mix_eps=1e-5,
-                   norm_eps=1e-5, arch: Optional[str] = None, load: bool = True):
+                   norm_eps=1e-5, arch: Optional[str] = None, load: bool = True, wm_pair: bool = False):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = (H, nb, bool(has_addend), bool(has_prefix), bool(has_norm), bool(fp32_norm), float(mix_eps),
-            float(norm_eps), arch, load)
+            float(norm_eps), arch, load, bool(wm_pair))
     if memo in _built:
         return _built[memo]
-    src = render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps)
+    src = render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps, wm_pair)
     meta = dict(family=FAMILY, op="k3fuse::fused_residual_norm", part="mixnorm", shape=dict(H=H, blocks=nb),
-                flags=dict(addend=has_addend, prefix=has_prefix, norm=has_norm, fp32_norm=fp32_norm),
+                flags=dict(addend=has_addend, prefix=has_prefix, norm=has_norm, fp32_norm=fp32_norm,
+                           wm_pair=bool(wm_pair)),
                 template=TEMPLATE)
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
@@ -82,18 +95,24 @@ def launch_ok(o, w_o, addend, prefix, blocks, norm_w) -> Optional[str]:
     return None
 
 
-def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_norm, out=None, new_prefix=None):
-    """Launch the mix-norm kernel on y (the o_proj output, [M, H] bf16). Returns (normed, new_prefix)."""
+def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_norm, out=None, new_prefix=None,
+             w_mix_scale=None):
+    """Launch the mix-norm kernel on y (the o_proj output, [M, H] bf16). Returns (normed, new_prefix).
+    With w_mix_scale (pair_ok) the kernel reads both bf16 factors of the score vector and multiplies them."""
     import torch
     M, H = y.shape
+    pair = w_mix_scale is not None
     k = build_mix_norm(H, len(blocks), addend is not None, prefix is not None, norm_w is not None, fp32_norm,
-                       mix_eps, norm_eps)
+                       mix_eps, norm_eps, wm_pair=pair)
     if out is None:
         out = torch.empty(M, H, dtype=torch.bfloat16 if norm_w is not None else torch.float32, device=y.device)
     if new_prefix is None:
         new_prefix = torch.empty(M, H, dtype=torch.bfloat16, device=y.device)
-    wm = w_mix if (w_mix.dtype == torch.float32 and w_mix.is_contiguous()) else w_mix.float().contiguous()
-    args = [y] + [t for t in (addend, prefix) if t is not None] + list(blocks) + [wm]
+    if pair:
+        wm = [w_mix.view(H), w_mix_scale.view(H)]
+    else:
+        wm = [w_mix if (w_mix.dtype == torch.float32 and w_mix.is_contiguous()) else w_mix.float().contiguous()]
+    args = [y] + [t for t in (addend, prefix) if t is not None] + list(blocks) + wm
     if norm_w is not None:
         args.append(norm_w)
     k(*args, out, new_prefix)
@@ -101,7 +120,7 @@ def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_n
 
 
 def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm,
-                        out=None, new_prefix=None, addend_partial=False):
+                        out=None, new_prefix=None, addend_partial=False, w_mix_scale=None):
     """CUDA implementation of k3fuse::fused_residual_norm (same signature). Caller checked launch_ok().
     With a group this is GEMV + NCCL all-reduce + the mix-norm kernel (the in-kernel all-reduce is
     mixnorm_allreduce.py); addend_partial: this rank's share of the addend joins y before the reduction."""
@@ -119,4 +138,5 @@ def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, 
         addend = None
     if group_name:
         y = torch.ops._c10d_functional.wait_tensor(torch.ops._c10d_functional.all_reduce(y, "sum", group_name))
-    return mix_norm(y, addend, prefix, list(blocks), w_mix, norm_w, mix_eps, norm_eps, fp32_norm, out, new_prefix)
+    return mix_norm(y, addend, prefix, list(blocks), w_mix, norm_w, mix_eps, norm_eps, fp32_norm, out, new_prefix,
+                    w_mix_scale)

@@ -4,7 +4,8 @@ inside: FUSED=1 in the template; pass fuse_kda_conv_gated_norm).
 
 One launch on the current stream (templates/kda_recurrent.py.jinja), one CTA per (token, head) row, D * LPR
 threads (LPR lanes per row of the [d, d] fp32 state). Memory-bound: S is read once and S_new written once,
-64 KB each per (token, head) at d = 128. The op is functional: S_new and o are fresh tensors.
+64 KB each per (token, head) at d = 128. kda_recurrent and kda_decode are functional (S_new and o are fresh
+tensors); k3fuse::kda_decode_ (pass write_kda_state_in_place) is the same kernel writing S and the conv state in place.
 
 Validated on the H200 (2026-11-29, tests/test_kda_kernel_gpu.py); registered by registry.register() (IMPLS).
 """
@@ -18,6 +19,7 @@ FAMILY = "kda_recurrent"
 TEMPLATE = "kda_recurrent.py.jinja"
 OP = "k3fuse::kda_recurrent"
 OP_FUSED = "k3fuse::kda_decode"
+OP_INPLACE = "k3fuse::kda_decode_"
 HEAD_DIMS = (64, 128)
 DEFAULT_LPR = 2          # lanes per row of S: 256 threads at d = 128, 64 fp32 registers of state per thread
 MAX_STATE_REGS = 128     # d / lpr fp32 of state per thread (d = 128, lpr = 1: 182-188 registers, no spills)
@@ -275,4 +277,38 @@ def kda_decode_cuda(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_
     return kda_decode(*args, lower_bound, eps, newest_tap_last, out_dtype)
 
 
-IMPLS = {OP: kda_recurrent_cuda, OP_FUSED: kda_decode_cuda}
+def _writable_in_place(t, dtype) -> bool:
+    """The kernel can write its new state straight into t: t is what _prep would pass unchanged."""
+    return t.dtype == dtype and t.is_contiguous() and t.data_ptr() % 16 == 0
+
+
+def kda_decode_inplace_cuda(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b, go, o_norm,
+                            S, lower_bound, eps, newest_tap_last, out_dtype):
+    """CUDA implementation of k3fuse::kda_decode_ (pass write_kda_state_in_place): the fused kernel with S_new = S and
+    conv_new = conv_state. In place is safe because every thread reads its S elements (and its conv columns) before
+    it writes them, and no other thread touches them (templates/kda_recurrent.py.jinja, steps 1-4). A state the
+    kernel cannot address directly (non-contiguous, misaligned, another dtype) is computed aside and copied in."""
+    import torch
+    from k3fuse import ops
+    from .prefetch import join_pending
+    from .registry import _env_ok, log_fallback
+    args = (q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b, go, o_norm, S)
+    reason = launch_ok_decode(*args, out_dtype)
+    if reason is not None:
+        log_fallback(OP_INPLACE, reason)
+        return ops.kda_decode_._init_fn(*args, lower_bound, eps, newest_tap_last, out_dtype)
+    if not _env_ok(OP_INPLACE, q0.device):
+        return ops.kda_decode_._init_fn(*args, lower_bound, eps, newest_tap_last, out_dtype)
+    join_pending()
+    s_ok = _writable_in_place(S, torch.float32)
+    c_ok = _writable_in_place(conv_state, conv_state.dtype)
+    o, S_new, conv_new = kda_decode(*args, lower_bound, eps, newest_tap_last, out_dtype,
+                                    S_new=S if s_ok else None, conv_new=conv_state if c_ok else None)
+    if not s_ok:
+        S.copy_(S_new)
+    if not c_ok:
+        conv_state.copy_(conv_new.view(conv_state.shape))
+    return o
+
+
+IMPLS = {OP: kda_recurrent_cuda, OP_FUSED: kda_decode_cuda, OP_INPLACE: kda_decode_inplace_cuda}

@@ -17,10 +17,12 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
                                after the logits: the fp32-output simt GEMV at M <= 4 (K3FUSE_ROUTER_GEMV=0: cuBLAS),
                                else a bf16 -> fp32 cuBLAS GEMM (router_topk.py)
   k3fuse::prefetch_l2          bulk L2 prefetch on a side stream
-  k3fuse::kda_recurrent, kda_decode, mla_attention, moe_experts   (kda_recurrent.py, mla_attention.py,
-                               moe_experts.py; kda_decode = the recurrence kernel with conv, f_b and gated norm inside)
-and, where compiler/ops.py defines them, the fused GEMVs k3fuse::rms_norm_linear, k3fuse::linear_situ_glu and
-k3fuse::rms_norm_linear_situ_glu (RMSNorm prologue / SiTU-GLU epilogue; see OPTIONAL_IMPLS).
+  k3fuse::kda_recurrent, kda_decode, kda_decode_, mla_attention, moe_experts   (kda_recurrent.py, mla_attention.py,
+                               moe_experts.py; kda_decode = the recurrence kernel with conv, f_b and gated norm inside,
+                               kda_decode_ = the same writing the states in place)
+and, where compiler/ops.py defines them, the fused GEMVs k3fuse::rms_norm_linear (pass fuse_rms_norm_into_linear),
+k3fuse::linear_situ_glu and k3fuse::rms_norm_linear_situ_glu (RMSNorm prologue / SiTU-GLU epilogue; see
+OPTIONAL_IMPLS); KERNEL_APPLIES tells the lowering where their kernels exist (M <= 4).
 Every fallback logs ONE line per (op, reason) on the "k3fuse.codegen" logger, at INFO level... the first time.
 Kernels compile (or load from the disk cache) at their first call: run each bucket once before capturing a
 CUDA graph, and call k3fuse.codegen.prefetch.join_pending() before ending a capture.
@@ -163,12 +165,16 @@ def linear_group_cuda(x, weights):
 
 # ------------------------------------------------------------------------------------- fused_residual_norm
 def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
-                             fp32_norm, addend_partial=False):
+                             fp32_norm, addend_partial=False, w_mix_scale=None):
     from . import fused_residual_norm as frn
     from .prefetch import join_pending
     op = "k3fuse::fused_residual_norm"
     M = o.shape[0]
+    if w_mix_scale is not None and not frn.pair_ok(w_mix, w_mix_scale, w_o.shape[0]):
+        w_mix, w_mix_scale = w_mix.float() * w_mix_scale.float(), None     # the kernel takes the product
     if group_name:
+        if w_mix_scale is not None:     # the in-kernel all-reduce template takes the product only
+            w_mix, w_mix_scale = w_mix.float() * w_mix_scale.float(), None
         # the in-kernel one-shot all-reduce over peer buffers (opt-in: K3FUSE_INKERNEL_COLLECTIVES=1; the same
         # answer on every rank, see peer_buffers.resolve); None leaves the functional path below
         from .mixnorm_allreduce import fused_residual_norm_ar_or_none
@@ -191,10 +197,10 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
     if reason is not None:
         log_fallback(op, reason)
         return _ref("fused_residual_norm")(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps,
-                                           group_name, fp32_norm, addend_partial)
+                                           group_name, fp32_norm, addend_partial, w_mix_scale)
     join_pending()
     return frn.fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
-                                   fp32_norm, addend_partial=addend_partial)
+                                   fp32_norm, addend_partial=addend_partial, w_mix_scale=w_mix_scale)
 
 
 # ------------------------------------------------------------------------------------------------ all_gather
@@ -216,8 +222,9 @@ def prefetch_l2_cuda(token, weights, budget_bytes):
     return None
 
 
-# ------------------------------------------------------------------ fused GEMVs (ops not in compiler/ops.py yet)
-# Expected signatures (see the codegen report):
+# ------------------------------------------------------------------ fused GEMVs
+# Signatures (rms_norm_linear is in compiler/ops.py, pass fuse_rms_norm_into_linear; the other two are registered
+# once ops.py defines them):
 #   k3fuse::rms_norm_linear(x, norm_w, eps, weight)                 = linear(rms_norm(x, norm_w, eps, bf16), weight)
 #   k3fuse::linear_situ_glu(x, weight, beta, linear_beta)           = situ_glu(linear(x, weight), beta, linear_beta)
 #   k3fuse::rms_norm_linear_situ_glu(x, norm_w, eps, weight, beta, linear_beta)
@@ -266,6 +273,16 @@ def rms_norm_linear_situ_glu_cuda(x, norm_w, eps, weight, beta, linear_beta):
     return _fused_gemv("k3fuse::rms_norm_linear_situ_glu", x, weight, norm_w, eps, "situ", beta, linear_beta)
 
 
+def _fused_gemv_applies(x, *args, **kwargs) -> bool:
+    """The fused GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only): past that the lowering splits the op back into
+    rms_norm (Inductor fuses it) + linear (the tuned mma GEMV), instead of the eager fallback of _fused_gemv."""
+    M = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    return isinstance(M, int) and 1 <= M <= FUSED_MAX_M
+
+
+KERNEL_APPLIES = {"rms_norm_linear": _fused_gemv_applies}
+
+
 OPTIONAL_IMPLS = {
     "k3fuse::rms_norm_linear": rms_norm_linear_cuda,
     "k3fuse::linear_situ_glu": linear_situ_glu_cuda,
@@ -302,6 +319,9 @@ def register() -> bool:
         impls.update(topk)
     # OPTIONAL_IMPLS: registered once compiler/ops.py defines those ops
     impls.update({n: f for n, f in OPTIONAL_IMPLS.items() if hasattr(torch.ops.k3fuse, n.split("::")[1])})
+    # where a fused op's kernel does not cover a graph's shapes, the lowering splits it back before Inductor
+    from k3fuse import lowering
+    lowering.KERNEL_APPLIES.update(KERNEL_APPLIES)
     # K3FUSE_DISABLE_KERNELS=kda_recurrent,moe_experts keeps those ops on the unfused path (to bisect a layer)
     off = {s.strip() for s in os.environ.get("K3FUSE_DISABLE_KERNELS", "").split(",") if s.strip()}
     for name, fn in impls.items():

@@ -32,9 +32,24 @@ def _has_kernel(op: torch._ops.OpOverload, device: torch.device) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
 
 
-def _inline(graph: fx.Graph, n: fx.Node, decomps) -> None:
-    """Replace node n by a trace of its op's reference implementation."""
-    ref = getattr(k3ops, n.target._schema.name.split("::")[-1])._init_fn
+# op name -> predicate on the node's input values: does its generated kernel apply to this graph's shapes? Filled by
+# k3fuse.codegen.registry.register() for fused ops whose kernels cover only some shapes (the RMSNorm-prologue GEMV
+# exists for M <= 4). Where it says no, the op goes back to its parts (k3fuse.ops.UNFUSED), which lower as usual.
+KERNEL_APPLIES: dict = {}
+
+
+def _applies(n: fx.Node, name: str) -> bool:
+    pred = KERNEL_APPLIES.get(name)
+    if pred is None:
+        return True
+    args, kwargs = torch.utils._pytree.tree_map(lambda a: a.meta.get("val") if isinstance(a, fx.Node) else a,
+                                                (n.args, n.kwargs))
+    return bool(pred(*args, **kwargs))
+
+
+def _inline(graph: fx.Graph, n: fx.Node, decomps, ref=None) -> None:
+    """Replace node n by a trace of `ref` (default: its op's reference implementation)."""
+    ref = ref or getattr(k3ops, n.target._schema.name.split("::")[-1])._init_fn
     flat, spec = torch.utils._pytree.tree_flatten((n.args, n.kwargs))
     tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, fx.Node)]
     missing = [flat[i].name for i in tensor_pos if "val" not in flat[i].meta]
@@ -66,23 +81,32 @@ def _inline(graph: fx.Graph, n: fx.Node, decomps) -> None:
 
 
 def lower_unkerneled_ops(gm: fx.GraphModule, decomps) -> list[str]:
-    """Inline every k3fuse op without a kernel for its device (prefetch, a pure hint, is dropped instead).
-    Returns the names of the ops lowered."""
+    """Inline every k3fuse op without a kernel for its device (prefetch, a pure hint, is dropped instead); a fused
+    op whose kernel does not apply to its shapes first goes back to its parts (KERNEL_APPLIES, k3fuse.ops.UNFUSED),
+    which then lower like any other op. Returns the names of the ops lowered."""
     lowered = []
-    for n in list(gm.graph.nodes):
-        if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
-            continue
-        if n.target.namespace != "k3fuse":
-            continue
-        dev = _device(n)
-        if _has_kernel(n.target, dev):
-            continue
-        name = n.target._schema.name.split("::")[-1]
-        if name == "prefetch_l2":
-            gm.graph.erase_node(n)
-        else:
-            _inline(gm.graph, n, decomps)
-        lowered.append(name)
+    todo = list(gm.graph.nodes)
+    while todo:
+        new_nodes = []
+        for n in todo:
+            if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
+                continue
+            if n.target.namespace != "k3fuse" or n._erased:
+                continue
+            name = n.target._schema.name.split("::")[-1]
+            kernel = _has_kernel(n.target, _device(n))
+            if kernel and not _applies(n, name) and name in k3ops.UNFUSED:
+                before = set(gm.graph.nodes)
+                _inline(gm.graph, n, decomps, k3ops.UNFUSED[name])
+                new_nodes += [m for m in gm.graph.nodes if m not in before]     # its parts: lowered next round
+            elif kernel or n.target._schema.is_mutable:
+                continue    # a mutating op (an in-place state write) stays one call: its reference writes the state
+            elif name == "prefetch_l2":
+                gm.graph.erase_node(n)
+            else:
+                _inline(gm.graph, n, decomps)
+            lowered.append(name)
+        todo = new_nodes
     gm.graph.eliminate_dead_code()
     gm.recompile()
     return lowered

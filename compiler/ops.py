@@ -86,6 +86,18 @@ def _(x, weight, eps, out_dtype):
     return x.new_empty(x.shape, dtype=torch.promote_types(out_dtype, weight.dtype))
 
 
+@torch.library.custom_op(f"{LIB}::rms_norm_linear", mutates_args=())
+def rms_norm_linear(x: torch.Tensor, norm_w: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
+    """linear(rms_norm(x, norm_w, eps, weight.dtype), weight): the GEMV with an RMSNorm prologue (pass
+    `fuse_rms_norm_into_linear`)."""
+    return linear._init_fn(rms_norm._init_fn(x, norm_w, eps, weight.dtype), weight)
+
+
+@rms_norm_linear.register_fake
+def _(x, norm_w, eps, weight):
+    return x.new_empty(*x.shape[:-1], weight.shape[0], dtype=weight.dtype)
+
+
 @torch.library.custom_op(f"{LIB}::situ_glu", mutates_args=())
 def situ_glu(gate_up: torch.Tensor, beta: float, linear_beta: float) -> torch.Tensor:
     """SiTU-GLU over [..., 2I] = [gate | up], fp32 inside, output in the input dtype."""
@@ -234,6 +246,27 @@ def _(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b
     return q0.new_empty(q0.shape, dtype=out_dtype), torch.empty_like(S), torch.empty_like(conv_state)
 
 
+@torch.library.custom_op(f"{LIB}::kda_decode_", mutates_args=("conv_state", "S"))
+def kda_decode_(q0: torch.Tensor, k0: torch.Tensor, v0: torch.Tensor, conv_state: torch.Tensor, q_taps: torch.Tensor,
+                k_taps: torch.Tensor, v_taps: torch.Tensor, fa: torch.Tensor, f_b: torch.Tensor,
+                dt_bias: torch.Tensor, A_log: torch.Tensor, b: torch.Tensor, go: torch.Tensor, o_norm: torch.Tensor,
+                S: torch.Tensor, lower_bound: float, eps: float, newest_tap_last: bool,
+                out_dtype: torch.dtype) -> torch.Tensor:
+    """kda_decode writing the new S and conv state into S and conv_state (pass `write_kda_state_in_place`, where the
+    graph only copied them back into the cache). Returns o."""
+    o, S_new, conv_new = kda_decode._init_fn(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log,
+                                             b, go, o_norm, S, lower_bound, eps, newest_tap_last, out_dtype)
+    S.copy_(S_new)
+    conv_state.copy_(conv_new)
+    return o
+
+
+@kda_decode_.register_fake
+def _(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b, go, o_norm, S, lower_bound, eps,
+      newest_tap_last, out_dtype):
+    return q0.new_empty(q0.shape, dtype=out_dtype)
+
+
 @torch.library.custom_op(f"{LIB}::mla_attention", mutates_args=())
 def mla_attention(q_nope: torch.Tensor, q_pe: torch.Tensor, cache: torch.Tensor, kv_b: torch.Tensor,
                   seq_lens: torch.Tensor, scale: float) -> torch.Tensor:
@@ -263,7 +296,8 @@ def _(q_nope, q_pe, cache, kv_b, seq_lens, scale):
 def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[torch.Tensor],
                         prefix: Optional[torch.Tensor], blocks: list[torch.Tensor], w_mix: torch.Tensor,
                         norm_w: Optional[torch.Tensor], mix_eps: float, norm_eps: float, group_name: str,
-                        fp32_norm: bool, addend_partial: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                        fp32_norm: bool, addend_partial: bool = False,
+                        w_mix_scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention-output / MLP-output fusion of K3 (pass `fuse_attn_out_allreduce_attnres_norm`):
 
         y = bf16(o @ w_o^T)                        row-parallel projection (o_proj, MLP down_proj)
@@ -272,7 +306,9 @@ def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[tor
                                                    addend_partial it is this rank's share, added BEFORE the
                                                    reduction, which then also completes it)
         new_prefix = y  if prefix is None  else  prefix + y    (restart at an AttnRes block boundary)
-        mix = AttnRes mix over blocks + [new_prefix] with score vector w_mix
+        mix = AttnRes mix over blocks + [new_prefix] with score vector w_mix (times w_mix_scale, in fp32, if
+                                                   given: AttnRes's res_norm.weight * res_proj.weight, a product
+                                                   of two parameters the kernel forms instead of a separate launch)
         normed = RMSNorm(mix; norm_w) in o's dtype (mix rounded first unless fp32_norm); mix itself if no norm_w
 
     Returns (normed, new_prefix). At a block boundary new_prefix is also the new block snapshot.
@@ -285,6 +321,8 @@ def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[tor
     if addend is not None and not addend_partial:
         y = addend + y
     new_prefix = y if prefix is None else prefix + y
+    if w_mix_scale is not None:
+        w_mix = w_mix.float() * w_mix_scale.float()
     mix = _mix(list(blocks) + [new_prefix], w_mix, mix_eps)
     if norm_w is None:
         return mix.clone(), new_prefix.clone()
@@ -294,7 +332,8 @@ def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[tor
 
 
 @fused_residual_norm.register_fake
-def _(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm, addend_partial=False):
+def _(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm, addend_partial=False,
+      w_mix_scale=None):
     M, N = o.shape[0], w_o.shape[0]
     normed = o.new_empty(M, N, dtype=o.dtype if norm_w is not None else torch.float32)
     return normed, o.new_empty(M, N)
@@ -350,4 +389,13 @@ OPS = {
     "side_linear_situ": torch.ops.k3fuse.side_linear_situ.default,
     "stream_join": torch.ops.k3fuse.stream_join.default,
     "all_gather": torch.ops.k3fuse.all_gather.default,
+}
+
+
+# ------------------------------------------------------------------------------------------------ unfusing
+# A fused op whose kernel does not apply to a graph (compiler/lowering.py asks codegen) goes back to the k3fuse ops
+# it was made of, which then lower like any other: here as callables tracing to those ops.
+UNFUSED = {
+    "rms_norm_linear": lambda x, norm_w, eps, weight: torch.ops.k3fuse.linear(
+        torch.ops.k3fuse.rms_norm(x, norm_w, eps, weight.dtype), weight),
 }

@@ -313,22 +313,33 @@ class KimiK3DecoderLayer(nn.Module):
 
     def forward(self, prefix, blocks: list, mlp_out, cache: "KimiK3Cache"):
         """Steps 1-5 of K3_MODEL.md section 3. Returns (prefix, mlp_out); appends to `blocks` at a boundary."""
+        prefix, x = self.mix_input(prefix, blocks, mlp_out)
+        return self.body(x, prefix, blocks, cache)
+
+    def mix_input(self, prefix, blocks: list, mlp_out):
+        """Step 1: the previous MLP output joins the prefix (a block starts at a boundary), then the depth mix over
+        the completed blocks and the prefix, normed. Returns (prefix, x)."""
         l, B = self.layer_idx, self.block_size
-        write = l % B == 0
         if mlp_out is not None:
             prefix = prefix + mlp_out
-        if write:
+        if l % B == 0:
             blocks.append(prefix)
         nb = math.ceil(l / B)
-        dtype = prefix.dtype
-        x = self._norm(self.input_layernorm, self.attn_res(blocks[:nb] + [prefix]), dtype)
+        return prefix, self._norm(self.input_layernorm, self.attn_res(blocks[:nb] + [prefix]), prefix.dtype)
+
+    def body(self, x, prefix, blocks: list, cache: "KimiK3Cache"):
+        """Steps 2-5 from the normed input x: attention, all-reduce, prefix update, the MLP's depth mix + norm, the
+        MLP. Returns (prefix, mlp_out)."""
+        l, B = self.layer_idx, self.block_size
+        write = l % B == 0
+        nb = math.ceil(l / B)
         if self.kind == "kda":
             a = self.self_attn(x, cache.conv_state[l], cache.recurrent_state[l])
         else:
             a = self.self_attn(x, cache.latent_cache[l], cache.seq_lens)
         a = self.tp.all_reduce(a)
         prefix = a if write else prefix + a
-        x = self._norm(self.post_attention_layernorm, self.mlp_res(blocks[:nb + int(write)] + [prefix]), dtype)
+        x = self._norm(self.post_attention_layernorm, self.mlp_res(blocks[:nb + int(write)] + [prefix]), x.dtype)
         return prefix, self.mlp(x)
 
 

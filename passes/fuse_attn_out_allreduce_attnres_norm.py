@@ -9,6 +9,8 @@ Where it fires in K3 (K3_MODEL.md section 3), twice per layer:
     the last layer, the final mix -> final norm. At a block boundary the new prefix is also the block snapshot.
 So a K3 graph has exactly 2 x num_hidden_layers matches. Layer 0's input norm (over the embedding) does not match.
 At TP = 1 there is no all-reduce and the rest is fused. Runs on canonical k3fuse ops (after `canonicalize`).
+The mix's score vector, res_norm.weight * res_proj.weight in fp32, goes in as its two factors (w_mix,
+w_mix_scale): the kernel multiplies them, so the product is not a separate kernel every step.
 """
 from __future__ import annotations
 
@@ -71,6 +73,29 @@ def _match_output(n) -> _Out | None:
     return None
 
 
+def _weight_factors(w_mix: fx.Node):
+    """(a, b, b_shape) for w_mix = fp32(a) * view(fp32(b), b_shape), AttnRes's score vector res_norm.weight *
+    res_proj.weight formed every step from two parameters (one more launch per mix on a GPU); None otherwise.
+    The fused op then takes the two factors (w_mix, w_mix_scale) and the kernel multiplies them."""
+    if not (isinstance(w_mix, fx.Node) and w_mix.target == aten.mul.Tensor and _single_user(w_mix)):
+        return None
+    out = []
+    for f in w_mix.args:
+        shape = None
+        if isinstance(f, fx.Node) and f.target in (aten.view.default, aten.reshape.default) and _single_user(f):
+            f, shape = f.args
+        if not (isinstance(f, fx.Node) and f.target == torch.ops.prims.convert_element_type.default
+                and f.args[1] == torch.float32 and _single_user(f)):
+            return None
+        out.append((f.args[0], shape))
+    (a, sa), (b, sb) = out
+    if sa is not None:
+        (a, sa), (b, sb) = (b, sb), (a, sa)
+    if sa is not None:
+        return None
+    return a, b, sb
+
+
 class FuseAttnOutAllReduceAttnResNorm(K3FusePass):
     name = "fuse_attn_out_allreduce_attnres_norm"
 
@@ -113,10 +138,16 @@ class FuseAttnOutAllReduceAttnResNorm(K3FusePass):
         return new_prefix, out, prefix, blocks, w_mix, mix_eps, norm_w, norm_eps, fp32_norm
 
     def _rewrite(self, graph, norm, new_prefix, out, prefix, blocks, w_mix, mix_eps, norm_w, norm_eps, fp32_norm):
+        kwargs = {}
         with graph.inserting_before(norm):
+            factors = _weight_factors(w_mix)
+            if factors is not None:
+                a, b, b_shape = factors
+                w_mix = a
+                kwargs["w_mix_scale"] = b if b_shape is None else graph.call_function(aten.view.default, (b, b_shape))
             fused = graph.call_function(k3.fused_residual_norm.default, (
                 out.o, out.w, out.addend, prefix, blocks, w_mix, norm_w, float(mix_eps), float(norm_eps),
-                out.group, fp32_norm))
+                out.group, fp32_norm), kwargs)
             normed = graph.call_function(lambda_getitem(), (fused, 0))
             prefix_out = graph.call_function(lambda_getitem(), (fused, 1))
         fused.meta["val"] = (norm.meta.get("val"), new_prefix.meta.get("val"))

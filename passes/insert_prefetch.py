@@ -25,6 +25,7 @@ c10d = torch.ops._c10d_functional
 # op -> positions of its weight operands (placeholders read from HBM; a list operand: each of its weights)
 WEIGHT_ARGS = {
     k3.linear.default: (1,),
+    k3.rms_norm_linear.default: (3,),
     k3.linear_group.default: (1,),
     k3.router_logits.default: (1,),
     k3.router_topk.default: (1,),

@@ -95,7 +95,8 @@ def test_debug_dir_env(tmp_path, monkeypatch):
     assert [p["name"] for p in s["passes"]] == ["canonicalize", "fuse_kda_conv_gated_norm",
                                                 "fuse_attn_out_allreduce_attnres_norm",
                                                 "split_moe_across_ranks", "fuse_shared_input_linears",
-                                                "insert_prefetch"]
+                                                "fuse_rms_norm_into_linear", "insert_prefetch",
+                                                "write_kda_state_in_place"]
     assert s["ops"]["k3fuse.fused_residual_norm"] == 12
     assert (d / "02.fuse_attn_out_allreduce_attnres_norm.after.py").read_text().count(
         "torch.ops.k3fuse.fused_residual_norm.default(") == 12

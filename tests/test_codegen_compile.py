@@ -64,9 +64,10 @@ def test_gemv_fusions_compile(arch, N, K, b, fusion):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("nb,addend,prefix,fp32", [(3, False, True, False), (8, True, False, True)])
-def test_fused_residual_norm_compiles(arch, nb, addend, prefix, fp32):
-    k = frn.build_mix_norm(7168, nb, addend, prefix, True, fp32, 1e-5, 1e-5, arch=arch, load=False)
+@pytest.mark.parametrize("nb,addend,prefix,fp32,pair", [(3, False, True, False, False), (8, True, False, True, False),
+                                                        (2, True, True, True, True)])
+def test_fused_residual_norm_compiles(arch, nb, addend, prefix, fp32, pair):
+    k = frn.build_mix_norm(7168, nb, addend, prefix, True, fp32, 1e-5, 1e-5, arch=arch, load=False, wm_pair=pair)
     ptx = ptx_of(k)
     loads = global_loads(ptx)
     assert loads and all(is_128bit(l) for l in loads), f"non-128-bit global loads: {loads}"

@@ -87,7 +87,7 @@ def test_kda_fallback_on_cpu():
     o, Sn = kr.kda_recurrent_cuda(q, k, v, a, dt, A_log, b, S, -5.0)
     ro, rS = ops.kda_recurrent._init_fn(q, k, v, a, dt, A_log, b, S, -5.0)
     assert torch.equal(o, ro) and torch.equal(Sn, rS)
-    assert set(kr.IMPLS) == {"k3fuse::kda_recurrent", "k3fuse::kda_decode"}
+    assert set(kr.IMPLS) == {"k3fuse::kda_recurrent", "k3fuse::kda_decode", "k3fuse::kda_decode_"}
 
 
 FUSED_K3 = dict(kc=4, fk=128, newest_last=True, x="bfloat16", f="bfloat16", g="bfloat16", o="bfloat16", eps=1e-5)

@@ -176,3 +176,36 @@ def test_kda_decode_cuda_impl_in_graph(seed):
         torch.cuda.synchronize()
         ro, rS, rC = ops.kda_decode._init_fn(*fresh, LOWER_BOUND, 1e-5, True, bf)
         assert rel(outs[0], ro) < 1e-2 and rel(outs[1], rS) < 1e-4 and torch.equal(outs[2], rC)
+
+
+@pytest.mark.parametrize("M,h", [(1, 6), (3, 12), (64, 6)])
+@pytest.mark.parametrize("layout", ["contiguous", "conv_strided", "S_strided"])
+def test_kda_decode_in_place(M, h, layout, seed):
+    """k3fuse::kda_decode_ (pass write_kda_state_in_place): the kernel writes S and the conv state into its inputs;
+    equal to the functional reference on fresh inputs. A conv state the kernel cannot address directly (a view
+    into a wider buffer) is computed aside and copied in; a strided S takes the reference path (also in place)."""
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    registry.register()
+    d, K = 128, 4
+    bf = torch.bfloat16
+    args = list(decode_inputs(M, h, d, K, bf, bf, bf))
+    if layout == "S_strided":
+        wide_S = torch.full((M, h, d, 2 * d), float("nan"), device="cuda")
+        wide_S[..., :d] = args[-1]
+        args[-1] = wide_S[..., :d]
+    if layout == "conv_strided":
+        wide_C = torch.zeros(M, K - 1, 3 * h * d + 8, device="cuda", dtype=bf)
+        wide_C[..., :3 * h * d] = args[3]
+        args[3] = wide_C[..., :3 * h * d]
+    ro, rS, rC = ops.kda_decode._init_fn(*[a.clone() for a in args], LOWER_BOUND, 1e-5, True, bf)
+    S0 = args[-1].clone()
+    o = torch.ops.k3fuse.kda_decode_(*args, LOWER_BOUND, 1e-5, True, bf)
+    torch.cuda.synchronize()
+    assert rel(o, ro) < 1e-2
+    assert rel(args[-1], rS) < 1e-4 and rel(args[-1], S0) > 1e-3
+    assert torch.equal(args[3], rC)
+    if layout == "S_strided":
+        assert torch.isnan(wide_S[..., d:]).all()
+    if layout == "conv_strided":
+        assert (wide_C[..., 3 * h * d:] == 0).all()

@@ -50,6 +50,29 @@ def test_fused_residual_norm_matches_reference(M, nb, addend, prefix, fp32):
     assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
 
 
+@pytest.mark.parametrize("M", [1, 8, 64])
+def test_fused_residual_norm_weight_pair(M):
+    """w_mix given as its two bf16 factors (pass fuse_attn_out_allreduce_attnres_norm: res_norm.weight and
+    res_proj.weight): the kernel's product == the reference's fp32 product; through the registered CUDA op."""
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    registry.register()
+    H, K, nb = 7168, 1536, 2
+    o, w_o = bf(M, K), bf(H, K, scale=K ** -0.5)
+    a, p = bf(M, H), bf(M, H)
+    blocks = [bf(M, H) for _ in range(nb)]
+    wa, wb = bf(H, scale=0.5) + 1, bf(1, H, scale=0.005).view(H)   # product: a soft mix; wa alone: one-hot
+    norm_w = bf(H, scale=0.5) + 1
+    out, newp = torch.ops.k3fuse.fused_residual_norm(o, w_o, a, p, blocks, wa, norm_w, 1e-6, 1e-5, "", True,
+                                                     w_mix_scale=wb)
+    rn, rp = ops.fused_residual_norm._init_fn(o, w_o, a, p, blocks, wa.float() * wb.float(), norm_w, 1e-6, 1e-5, "",
+                                              True)
+    assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
+    # the pair matters: with the first factor alone the answer differs
+    alone, _ = ops.fused_residual_norm._init_fn(o, w_o, a, p, blocks, wa, norm_w, 1e-6, 1e-5, "", True)
+    assert rel(alone, rn) > 1e-3
+
+
 @pytest.mark.parametrize("M", [1, 2, 4])
 @pytest.mark.parametrize("norm,xf32,act", [(True, True, "situ"), (True, False, "none"), (False, False, "situ")])
 def test_gemv_fusions_match_reference(M, norm, xf32, act):
@@ -201,3 +224,18 @@ def test_linear_group_op_and_graph_capture(M, monkeypatch):
         torch.cuda.synchronize()
         for o, w in zip(outs, ws):
             assert rel(o, x.double() @ w.double().t()) < 1e-2
+
+
+@pytest.mark.parametrize("M", [1, 4, 8])
+@pytest.mark.parametrize("N,K", [(7168, 3584), (1152, 1536)])
+def test_rms_norm_linear_op(M, N, K):
+    """k3fuse::rms_norm_linear through its registered CUDA impl (pass fuse_rms_norm_into_linear; K3's routed up and
+    MLA q_b shapes at TP16): the fused kernel at M <= 4, the split fallback above, both against the fp64 math."""
+    from k3fuse.codegen import registry
+    registry.register()
+    x, nw, w = bf(M, K, scale=3.0), bf(K, scale=0.5) + 1, bf(N, K, scale=K ** -0.5)
+    y = torch.ops.k3fuse.rms_norm_linear(x, nw, 1e-5, w)
+    xd = x.double()
+    h = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)) * nw.double()
+    assert y.shape == (M, N) and y.dtype == torch.bfloat16
+    assert rel(y, h @ w.double().t()) < 1e-2

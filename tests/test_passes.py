@@ -72,12 +72,16 @@ def test_canonicalize_ops(tiny_tp1):
     # gate_up, TP = 1)
     n_kda = L - n_mla
     n_grouped = 6 * n_kda + 3 * n_mla + 2 * n_moe
-    assert after == {"k3fuse.fused_residual_norm": 2 * L, "k3fuse.linear": n_linear - 2 * L - n_grouped - n_kda,
+    #   then the routed_expert_norm (MoE) and q_a_layernorm (MLA) went into their GEMV (rms_norm_linear)
+    n_nl = n_moe + n_mla
+    assert after == {"k3fuse.fused_residual_norm": 2 * L,
+                     "k3fuse.linear": n_linear - 2 * L - n_grouped - n_kda - n_nl, "k3fuse.rms_norm_linear": n_nl,
                      "k3fuse.linear_group": n_kda + n_mla + n_moe,
-                     "k3fuse.rms_norm": n_norm - 2 * L - n_kda, "k3fuse.router_topk": n_moe,
-                     "k3fuse.situ_glu": 1 + n_moe, "k3fuse.kda_decode": n_kda,
+                     "k3fuse.rms_norm": n_norm - 2 * L - n_kda - n_nl, "k3fuse.router_topk": n_moe,
+                     "k3fuse.situ_glu": 1 + n_moe, "k3fuse.kda_decode_": n_kda,
                      "k3fuse.mla_attention": n_mla, "k3fuse.moe_experts": n_moe}
     assert matches(s)["fuse_kda_conv_gated_norm"] == n_kda
+    assert matches(s)["write_kda_state_in_place"] == n_kda          # then writes its states in place
     assert err < 1e-4
 
 
@@ -88,6 +92,19 @@ def test_fuse_match_count_tp1(tiny_tp1):
     # at TP = 1 there is nothing to split or overlap
     assert m["split_moe_across_ranks"] == 0 and m["insert_prefetch"] == 0
     assert "_c10d_functional.all_reduce" not in s["ops"] and "k3fuse.prefetch_l2" not in s["ops"]
+
+
+def test_fused_residual_norm_takes_the_weight_factors(tmp_path):
+    """AttnRes's score vector res_norm.weight * res_proj.weight goes into every fused op as its two factors (the
+    kernel multiplies them): no per-step product left in the graph, and the numerics are those of the model."""
+    cfg = KimiK3Config.preset("tiny")
+    err, s = compile_and_run(cfg, dtype=torch.bfloat16, debug_dir=str(tmp_path))
+    after = sorted(tmp_path.glob("graph_*"))[-1] / "02.fuse_attn_out_allreduce_attnres_norm.after.py"
+    src = after.read_text()
+    n = 2 * cfg.num_hidden_layers
+    assert src.count("torch.ops.k3fuse.fused_residual_norm.default(") == n
+    assert src.count("w_mix_scale = ") == n
+    assert err < 2e-2
 
 
 @pytest.mark.parametrize("layers,block", [(5, 2), (4, 1), (7, 3)])
@@ -154,7 +171,7 @@ def test_determinism_and_uuid(tmp_path):
     assert [p["uuid"] for p in s1["passes"]] == [p["uuid"] for p in s2["passes"]]
     da, db = sorted((tmp_path / "a").glob("graph_*"))[-1], sorted((tmp_path / "b").glob("graph_*"))[-1]
     fa = sorted(p.name for p in da.glob("*.py"))
-    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 12
+    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 16     # 8 passes x before / after
     assert (da / fa[-1]).read_text() == (db / fa[-1]).read_text()
 
 
@@ -278,13 +295,16 @@ def test_k3_layout_match_counts():
     assert err < 1e-4
     assert matches(s)["fuse_attn_out_allreduce_attnres_norm"] == 186
     ops = s["ops"]
-    assert (ops["k3fuse.kda_decode"], ops["k3fuse.mla_attention"], ops["k3fuse.moe_experts"]) == (69, 24, 92)
+    assert (ops["k3fuse.kda_decode_"], ops["k3fuse.mla_attention"], ops["k3fuse.moe_experts"]) == (69, 24, 92)
     assert matches(s)["fuse_kda_conv_gated_norm"] == 69 and "k3fuse.kda_recurrent" not in ops
+    assert matches(s)["write_kda_state_in_place"] == 69 and "k3fuse.kda_decode" not in ops
     assert ops["k3fuse.router_topk"] == 92 and ops["k3fuse.fused_residual_norm"] == 186
     # one group of the normed input's linears per layer except the dense layer 0 (69 KDA of 6, 24 MLA of 3,
     # 92 MoE of 2 at TP = 1); left: lm_head, dense gate_up, MLA q_b, MoE routed up, (o_proj/down fused)
     assert matches(s)["fuse_shared_input_linears"] == 185 and ops["k3fuse.linear_group"] == 185
-    assert ops["k3fuse.linear"] == 1 + 1 + 24 + 92      # KDA f_b: inside kda_decode
+    # KDA f_b: inside kda_decode; MLA q_b and MoE routed up: with their norm (rms_norm_linear)
+    assert ops["k3fuse.linear"] == 1 + 1 and ops["k3fuse.rms_norm_linear"] == 24 + 92
+    assert matches(s)["fuse_rms_norm_into_linear"] == 116
 
 
 # ---------------------------------------------------------------------------------- fuse_shared_input_linears
@@ -303,7 +323,7 @@ def compiled_logits(cfg, dtype, M=3, steps=2, seed=0, **options):
 
 
 ALL_BUT_GROUPS = ("fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm", "split_moe_across_ranks",
-                  "insert_prefetch")
+                  "fuse_rms_norm_into_linear", "insert_prefetch", "write_kda_state_in_place")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -440,7 +460,7 @@ def test_kda_fusion_matches_unfused(dtype):
     a, ca, sa = compiled_logits(cfg, dtype)
     from k3fuse.pipeline import PASS_NAMES
     b, cb, sb = compiled_logits(cfg, dtype, passes=tuple(p for p in PASS_NAMES[1:] if p != "fuse_kda_conv_gated_norm"))
-    assert matches(sa)["fuse_kda_conv_gated_norm"] == n_kda and sa["ops"]["k3fuse.kda_decode"] == n_kda
+    assert matches(sa)["fuse_kda_conv_gated_norm"] == n_kda and sa["ops"]["k3fuse.kda_decode_"] == n_kda
     assert "k3fuse.kda_recurrent" not in sa["ops"] and sb["ops"]["k3fuse.kda_recurrent"] == n_kda
     assert sa["ops"]["k3fuse.linear"] + n_kda == sb["ops"]["k3fuse.linear"]          # f_b went into the op
     assert sa["ops"]["k3fuse.rms_norm"] + n_kda == sb["ops"]["k3fuse.rms_norm"]      # and the per-head o_norm

@@ -1,0 +1,55 @@
+"""fuse_rms_norm_into_linear: `k3fuse.rms_norm` feeding only one `k3fuse.linear` becomes `k3fuse.rms_norm_linear`
+(the GEMV with the RMSNorm as its prologue: every CTA reduces the row's sum of squares itself, then scales the x
+vectors it loads).
+
+Where it fires in K3: per MoE layer (92) the routed_expert_norm over the routed experts' combined output before the
+routed latent up-projection; per MLA layer (24) q_a_layernorm before q_b. 116 in K3. On the H200 each such norm was
+a separate Inductor kernel at M = 1 (a launch, ~1-2 us plus its gap). The other norms are taken already: into
+`fused_residual_norm` (the AttnRes mix-norms), `kda_decode` (the gated head norm); kv_a_layernorm feeds the latent
+cache, not a GEMV.
+
+Only where the norm's weight, its output dtype and the GEMV weight share one dtype (what the fused kernel
+computes: bf16(bf16(x * rstd) * norm_w) @ w^T). The kernel exists for M <= 4 only; at larger buckets the lowering
+splits the op back into rms_norm + linear (compiler/lowering.py, KERNEL_APPLIES), so the graph after this pass is
+the same for every batch size. Runs after `fuse_shared_input_linears` (a norm feeding a group stays unfused) and
+before `insert_prefetch`, which reads the fused op's weight.
+"""
+from __future__ import annotations
+
+import torch
+import torch.fx as fx
+
+from .base import K3FusePass, PassContext
+
+k3 = torch.ops.k3fuse
+
+
+class FuseRmsNormIntoLinear(K3FusePass):
+    name = "fuse_rms_norm_into_linear"
+
+    def apply(self, graph: fx.Graph, ctx: PassContext) -> int:
+        matches = 0
+        for norm in list(graph.find_nodes(op="call_function", target=k3.rms_norm.default)):
+            x, norm_w, eps, out_dtype = norm.args
+            if len(norm.users) != 1:
+                continue
+            lin = next(iter(norm.users))
+            if lin.target != k3.linear.default or lin.args[0] is not norm:
+                continue
+            w = lin.args[1]
+            dts = {out_dtype, _dtype(norm_w), _dtype(w)}
+            if len(dts) != 1:
+                continue
+            with graph.inserting_before(lin):
+                fused = graph.call_function(k3.rms_norm_linear.default, (x, norm_w, float(eps), w))
+            fused.meta["val"] = lin.meta.get("val")
+            lin.replace_all_uses_with(fused)
+            graph.erase_node(lin)
+            graph.erase_node(norm)
+            matches += 1
+        return matches
+
+
+def _dtype(n):
+    v = n.meta.get("val") if isinstance(n, fx.Node) else None
+    return v.dtype if isinstance(v, torch.Tensor) else None

@@ -1,0 +1,92 @@
+"""Pass fuse_rms_norm_into_linear and the lowering's split of the fused op where its kernel does not apply."""
+import pytest
+import torch
+
+from k3fuse import lowering
+from k3fuse.backend import LAST_PIPELINES, decompositions
+from k3fuse.models import KimiK3Config, KimiK3ForCausalLM
+from k3fuse.passes.fuse_rms_norm_into_linear import FuseRmsNormIntoLinear
+from k3fuse.pipeline import PASS_NAMES, op_counts
+
+k3 = torch.ops.k3fuse
+
+
+def rel(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def run(cfg, dtype, passes=None, M=3, steps=2, seed=0):
+    torch._dynamo.reset()
+    torch.manual_seed(seed)
+    model = KimiK3ForCausalLM(cfg, dtype=dtype).requires_grad_(False)
+    opts = {"inner_compiler": "eager"}
+    if passes is not None:
+        opts["passes"] = passes
+    compiled = torch.compile(model, backend="k3fuse", fullgraph=True, options=opts)
+    cache = model.new_cache(M, 8)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        out = torch.stack([compiled(torch.randint(0, cfg.vocab_size, (M,), generator=g), cache)
+                           for _ in range(steps)])
+    return out, LAST_PIPELINES[-1].summary
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matches_unfused(dtype):
+    """Tiny K3: one match per MoE layer (routed_expert_norm -> routed up) and per MLA layer (q_a norm -> q_b);
+    compiled with the pass == without it (the fused op's reference is the same math)."""
+    cfg = KimiK3Config.preset("tiny")
+    L = cfg.num_hidden_layers
+    n_mla = sum(cfg.layer_kind(l) == "mla" for l in range(L))
+    n_moe = sum(cfg.is_moe_layer(l) for l in range(L))
+    a, sa = run(cfg, dtype)
+    b, sb = run(cfg, dtype, passes=[p for p in PASS_NAMES[1:] if p != "fuse_rms_norm_into_linear"])
+    m = {p["name"]: p["matches"] for p in sa["passes"]}
+    assert m["fuse_rms_norm_into_linear"] == n_moe + n_mla == 7
+    assert sa["ops"]["k3fuse.rms_norm_linear"] == 7 and "k3fuse.rms_norm_linear" not in sb["ops"]
+    assert sb["ops"]["k3fuse.rms_norm"] - sa["ops"]["k3fuse.rms_norm"] == 7
+    assert sb["ops"]["k3fuse.linear"] - sa["ops"]["k3fuse.linear"] == 7
+    assert rel(a, b) < (1e-6 if dtype == torch.float32 else 1e-2)
+
+
+def _norm_linear_graph(M, norm_users=1, w_dtype=torch.bfloat16):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x, nw, w, w2):
+        h = k3.rms_norm(x, nw, 1e-5, torch.bfloat16)
+        y = k3.linear(h, w)
+        return (y, k3.linear(h, w2)) if norm_users == 2 else (y,)
+    ins = (torch.randn(M, 64, dtype=torch.bfloat16), torch.rand(64, dtype=torch.bfloat16) + 0.5,
+           torch.randn(32, 64).to(w_dtype), torch.randn(16, 64, dtype=torch.bfloat16))
+    return make_fx(f, tracing_mode="fake")(*ins), ins
+
+
+def test_no_match_when_the_norm_has_other_users_or_dtypes_differ():
+    for users, wdt in ((2, torch.bfloat16), (1, torch.float32)):
+        gm, _ = _norm_linear_graph(1, users, wdt)
+        assert FuseRmsNormIntoLinear()(gm.graph) == 0
+    gm, _ = _norm_linear_graph(1)
+    assert FuseRmsNormIntoLinear()(gm.graph) == 1
+
+
+@pytest.mark.parametrize("M,applies", [(1, True), (8, False)])
+def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, applies):
+    """With a kernel registered for the fused op, the lowering keeps it where KERNEL_APPLIES says yes and otherwise
+    splits it into rms_norm (inlined to ATen: no kernel) + linear (kept: it has one); numerics unchanged."""
+    gm, ins = _norm_linear_graph(M)
+    ins = [t.clone() for t in ins]
+    ref = gm(*ins)[0]
+    assert FuseRmsNormIntoLinear()(gm.graph) == 1
+    gm.recompile()
+    with_kernel = {"k3fuse::rms_norm_linear", "k3fuse::linear"}
+    monkeypatch.setattr(lowering, "_has_kernel", lambda op, dev: op.name() in with_kernel)
+    monkeypatch.setitem(lowering.KERNEL_APPLIES, "rms_norm_linear", lambda x, *a: x.shape[0] <= 4)
+    lowered = lowering.lower_unkerneled_ops(gm, decompositions())
+    ops = op_counts(gm.graph)
+    if applies:
+        assert lowered == [] and ops["k3fuse.rms_norm_linear"] == 1
+    else:
+        assert lowered == ["rms_norm_linear", "rms_norm"]
+        assert "k3fuse.rms_norm_linear" not in ops and ops["k3fuse.linear"] == 1 and "k3fuse.rms_norm" not in ops
+    assert rel(gm(*ins)[0], ref) < 1e-2 and ref.abs().sum() > 0
