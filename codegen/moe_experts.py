@@ -51,7 +51,14 @@ def default_config(E: int, I: int, D: int, KT: int, bucket: int) -> dict:
     while D % (WD * rpw) and WD > 1:
         WD //= 2
     return {"R": R, "W": W, "G": G, "GROUP": int(bucket > 1), "WD": WD, "LPR": LPR, "RT": RT,
-            "CPC": cpc_for(I, R, KT, bucket), "SB": default_sb(KT, I, LPR, RT)}
+            "CPC": cpc_for(I, R, KT, bucket), "SB": default_sb(KT, I, LPR, RT), "KS": default_ks(KT, bucket)}
+
+
+def default_ks(KT: int, bucket: int) -> int:
+    """Slot groups of the down kernel (KS): 4 at bucket 1, where the grid is only D / DR CTAs for one token (ncu on
+    the H200, TP16 M = 1, KS = 1: 112 CTAs, 12% achieved occupancy, 1.13 TB/s; the kernel waits on its loads);
+    1 from bucket 2, where the M tokens already multiply the grid. Tables written before the knob get this."""
+    return next(k for k in ((4, 2, 1) if bucket == 1 else (1,)) if KT % k == 0)
 
 
 MAX_BATCH_VECTORS = 24   # 16-byte vectors a down-kernel lane holds per slot batch (96 registers)
@@ -66,7 +73,7 @@ def default_sb(KT: int, I: int, LPR: int, RT: int) -> int:
     return next(s for s in (4, 2, 1) if KT % s == 0 and (s * per_slot <= MAX_BATCH_VECTORS or s == 1))
 
 
-KNOBS = ("R", "W", "G", "GROUP", "WD", "LPR", "RT", "CPC", "SB")
+KNOBS = ("R", "W", "G", "GROUP", "WD", "LPR", "RT", "CPC", "SB", "KS")
 
 
 def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] = None) -> dict:
@@ -83,8 +90,9 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
     t = lookup(FAMILY, (E, I, D, KT), bucket, gpu) if gpu is not None else None
     if t:
         cfg = {k: int(v) for k, v in t.items() if k in KNOBS}
-        if "LPR" in cfg and "RT" in cfg:             # entries written before the knob existed
+        if "LPR" in cfg and "RT" in cfg:             # entries written before the knobs existed
             cfg.setdefault("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"]))
+        cfg.setdefault("KS", default_ks(KT, bucket))
         if set(cfg) == set(KNOBS) and supports(E, I, D, KT, bucket, cfg) is None:
             return cfg
     return default_config(E, I, D, KT, bucket)
@@ -113,15 +121,15 @@ def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Option
     cfg = cfg or config_for(E, I, D, KT, bucket)
     if I % (cfg["R"] * cfg.get("CPC", 1)):
         return f"I={I} not a multiple of R * CPC = {cfg['R']} * {cfg.get('CPC', 1)}"
-    if KT % cfg.get("SB", 1):
-        return f"k={KT} not a multiple of the down kernel's slot batch SB={cfg['SB']}"
+    if KT % (cfg.get("SB", 1) * cfg.get("KS", 1)):
+        return f"k={KT} not a multiple of the down kernel's slot batch SB * slot groups KS"
     if (I // 8) % cfg["LPR"] or 32 % cfg["LPR"]:
         return f"I/8={I // 8} not a multiple of LPR={cfg['LPR']}"
     if D % (cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"]):
         return f"D={D} not a multiple of the down kernel's rows per CTA"
     if cfg["R"] * min(cfg["G"], bucket) > 32 * cfg["W"]:
         return "R * G entries > threads of the up kernel"
-    if cfg["W"] * 32 > 1024 or cfg["WD"] * 32 > 1024:
+    if cfg["W"] * 32 > 1024 or cfg["WD"] * cfg.get("KS", 1) * 32 > 1024:
         return "more than 1024 threads per CTA"
     return None
 
@@ -132,7 +140,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     return dict(E=E, I=I, D=D, KT=KT, BM=bucket, BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
                 R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=min(cfg["G"], bucket) if group else 1,
                 GROUP=group, CPC=cfg.get("CPC", 1) if group else 1, WD=cfg["WD"], LPR=cfg["LPR"], RT=cfg["RT"], VPL=(I // 8) // cfg["LPR"],
-                SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])),
+                SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])), KS=cfg.get("KS", 1),
                 DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
 
 

@@ -60,7 +60,7 @@ def _ptx_checks(k, arch, I, b):
     cfg = me.default_config(E, I, D, KT, b)
     p = me.template_params(E, I, D, KT, b, cfg, 4.0, 25.0)
     n_up = (2 * p["R"] + 1) * p["ITERS"]                         # weight rows + z, per unrolled step
-    n_down = KT * p["VPL"] * (1 + p["RT"])                       # a + W2 per slot
+    n_down = KT // p["KS"] * p["VPL"] * (1 + p["RT"])            # a + W2 per slot (a thread's KT / KS slots)
     assert len(vec) >= n_up + n_down
     assert "ld.local" not in ptx and "st.local" not in ptx       # no spills to local memory
     if b > 1:

@@ -105,3 +105,20 @@ def test_moe_down_slot_batches_bit_identical(experts, M):
     torch.cuda.synchronize()
     assert rel(outs[0], reference(z, ids, w, w13, w2)) < 1e-2
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("ks,wd", [(1, 8), (2, 4), (4, 8), (4, 2)])
+def test_moe_down_slot_groups(experts, M, ks, wd):
+    """The down kernel's slot groups (KS, codegen/moe_experts.default_ks): KS sets of WD warps each sum KT / KS slots,
+    added in group order through shared memory; every (KS, WD) matches the reference, output poisoned."""
+    from k3fuse.codegen import moe_experts as me
+    I, w13, w2 = experts
+    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
+    ids, w = routing(M, 500 + 10 * ks + wd + M)
+    cfg = dict(me.config_for(E, I, D, KT, M), KS=ks, WD=wd, SB=1)
+    assert me.supports(E, I, D, KT, M, cfg) is None
+    out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+    me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, cfg, out=out)
+    torch.cuda.synchronize()
+    assert rel(out, reference(z, ids, w, w13, w2)) < 1e-2
