@@ -162,7 +162,8 @@ def test_tuning_table_entries_render():
                 E, I, D, KT = (int(v) for v in shape.split("x"))
                 for b, cfg in per_bucket.items():
                     kc = {k: v for k, v in cfg.items() if k in moe_experts.KNOBS}
-                    kc.setdefault("SB", moe_experts.default_sb(KT, I, kc["LPR"], kc["RT"]))  # knob added later
+                    kc.setdefault("SB", moe_experts.default_sb(KT, I, kc["LPR"], kc["RT"]))  # knobs added later
+                    kc.setdefault("KS", moe_experts.default_ks(KT, int(b)))
                     assert moe_experts.config_for(E, I, D, KT, int(b), gpu=p.stem) == kc, (key, b)  # taken as is
                     compile(moe_experts.render_source(E, I, D, KT, int(b), cfg=kc)[0], key, "exec")
                     n_moe += 1
