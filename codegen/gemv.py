@@ -224,6 +224,8 @@ def default_fused_config(N: int, K: int, bucket: int, fusion: dict) -> dict:
 # read of x per CTA instead of two. At 7168 x 3584, M = 1 (K3's routed up projection, tuned R = 1: 7168 CTAs) the
 # second read was 51 MB of L2 traffic, as much as the weight; the prologue kernel took 15.8 vs 13.2 us plain (H200).
 XSMEM_MAX_BYTES = 32 * 1024
+# ...and loads the CTA's weight vectors before the prologue when a thread holds at most this many (4 registers each)
+WPRE_MAX_VECTORS = 16
 
 
 def fused_config(N: int, K: int, bucket: int, fusion: dict) -> dict:
@@ -251,6 +253,9 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
                       ACT=fusion["act"], BETA=repr(float(fusion["beta"])), LBETA=repr(float(fusion["lbeta"])))
         if fusion["norm"] and bucket * K * (4 if fusion["x_fp32"] else 2) <= XSMEM_MAX_BYTES:
             params["XSMEM"] = True
+        rr = 2 * cfg["R"] if fusion["act"] == "situ" else cfg["R"]
+        if fusion["norm"] and params["ITERS"] * rr <= WPRE_MAX_VECTORS:
+            params["WPRE"] = True
     if fusion["y_fp32"]:
         params["YF32"] = True
     return template, render(template, **params), cfg
