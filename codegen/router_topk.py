@@ -1,9 +1,7 @@
 """Kernel family: the router's top-k (k3fuse::topk_from_logits, and the selection half of k3fuse::router_topk).
 
-One launch, sigmoid, + correction bias, top-k, the chosen sigmoid scores renormalised and scaled; two variants:
-"warp" (templates/router_topk_warp.py.jinja, E <= 1024, the default there): one warp per token, k rounds of two
-redux.sync maxima and a rescan in the winner's lane, no barriers; "block" (templates/router_topk.py.jinja): one CTA
-per token, k rounds of a block-wide Int64 max (two barriers each; 6.8 us at E = 896, k = 16, H200). Memory: the [M, E] fp32 logits once
+One launch, one CTA per token (templates/router_topk.py.jinja): sigmoid, + correction bias, top-k by k rounds of
+a block-wide Int64 max, the chosen sigmoid scores renormalised and scaled. Memory: the [M, E] fp32 logits once
 (3.5 KB per token at E = 896): it is latency-bound, and it replaces ATen's topk (gatherTopK + bitonicSort, 13.4 us
 at E = 896, k = 16 on the H200) and the elementwise kernels around it.
 
@@ -13,7 +11,7 @@ bf16 x bf16 -> fp32 cuBLAS GEMM (no fp32 copy of the router weight), then this k
 GPU-tested on the H200 (tests/test_router_topk_gpu.py, sessions 3 and 4); registered unless K3FUSE_ROUTER_TOPK=0
 (see IMPLS and codegen/registry.py).
 
-Compile key: the rendered source (variant, E, k, renormalize, scale, threads) + arch; M is a runtime dimension.
+Compile key: the rendered source (E, k, renormalize, scale, threads) + arch; M is a runtime dimension.
 """
 from __future__ import annotations
 
@@ -24,22 +22,10 @@ from typing import Optional
 from .render import render
 
 FAMILY = "router_topk"
-TEMPLATE = "router_topk.py.jinja"            # variant "block": one CTA per token, k rounds of a block-wide max
-TEMPLATE_WARP = "router_topk_warp.py.jinja"  # variant "warp": one warp per token, k rounds of two redux.sync
-VARIANTS = ("warp", "block")
+TEMPLATE = "router_topk.py.jinja"
 OP = "k3fuse::topk_from_logits"
 MAX_E = 4096
 MAX_K = 32            # the final scores are reduced by one warp
-WARP_MAX_PER = 32     # the warp variant holds E / 32 keys per lane (28 at K3's E = 896)
-
-
-def variant_for(E: int) -> str:
-    """The warp variant where its keys fit a lane's registers (E <= 1024), else the block one; K3FUSE_TOPK_VARIANT
-    picks one (A/B)."""
-    v = os.environ.get("K3FUSE_TOPK_VARIANT", "")
-    if v in VARIANTS and (v == "block" or math.ceil(E / 32) <= WARP_MAX_PER):
-        return v
-    return "warp" if math.ceil(E / 32) <= WARP_MAX_PER else "block"
 
 
 def supports(E: int, k: int) -> Optional[str]:
@@ -55,39 +41,30 @@ def threads_for(E: int) -> int:
     return min(1024, max(32, 32 * math.ceil(E / 4 / 32)))
 
 
-def template_params(E: int, k: int, renormalize: bool, scale: float, variant: str = "block") -> dict:
-    if variant == "warp":
-        return dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), PER=math.ceil(E / 32))
+def template_params(E: int, k: int, renormalize: bool, scale: float) -> dict:
     t = threads_for(E)
     return dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), THREADS=t, VPT=math.ceil(E / t))
 
 
-def render_source(E: int, k: int, renormalize: bool = True, scale: float = 1.0, variant: Optional[str] = None) -> str:
+def render_source(E: int, k: int, renormalize: bool = True, scale: float = 1.0) -> str:
     why = supports(E, k)
     if why:
         raise ValueError(why)
-    variant = variant or variant_for(E)
-    if variant == "warp" and math.ceil(E / 32) > WARP_MAX_PER:
-        raise ValueError(f"E={E}: the warp variant holds at most {32 * WARP_MAX_PER} experts")
-    return render(TEMPLATE_WARP if variant == "warp" else TEMPLATE,
-                  **template_params(E, k, renormalize, scale, variant))
+    return render(TEMPLATE, **template_params(E, k, renormalize, scale))
 
 
 _built: dict = {}
 
 
 def build(E: int, k: int, renormalize: bool = True, scale: float = 1.0, arch: Optional[str] = None,
-          load: bool = True, variant: Optional[str] = None):
+          load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    variant = variant or variant_for(E)
-    memo = (E, k, bool(renormalize), float(scale), arch, load, variant)
+    memo = (E, k, bool(renormalize), float(scale), arch, load)
     if memo not in _built:
-        meta = dict(family=FAMILY, op=OP, shape=dict(E=E, k=k),
-                    template=TEMPLATE_WARP if variant == "warp" else TEMPLATE,
-                    config=dict(renormalize=bool(renormalize), scale=float(scale), variant=variant,
-                                threads=32 if variant == "warp" else threads_for(E)))
-        _built[memo] = compile_source(render_source(E, k, renormalize, scale, variant), arch, load=load, meta=meta)
+        meta = dict(family=FAMILY, op=OP, shape=dict(E=E, k=k), template=TEMPLATE,
+                    config=dict(renormalize=bool(renormalize), scale=float(scale), threads=threads_for(E)))
+        _built[memo] = compile_source(render_source(E, k, renormalize, scale), arch, load=load, meta=meta)
     return _built[memo]
 
 
@@ -110,11 +87,11 @@ def launch_ok(logits, bias, top_k) -> Optional[str]:
     return None
 
 
-def topk_from_logits(logits, bias, top_k, renormalize, scale, variant: Optional[str] = None):
+def topk_from_logits(logits, bias, top_k, renormalize, scale):
     """Launch (caller checked launch_ok()). Returns (ids [M, k] int64, weights [M, k] fp32)."""
     import torch
     M, E = logits.shape
-    kern = build(E, top_k, renormalize, scale, variant=variant)
+    kern = build(E, top_k, renormalize, scale)
     lg = logits if logits.is_contiguous() and logits.data_ptr() % 16 == 0 else logits.contiguous().clone()
     b = bias.float().contiguous()
     if b.data_ptr() % 16:

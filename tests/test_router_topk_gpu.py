@@ -17,12 +17,11 @@ def ref(logits, bias, k, renorm, scale):
 
 @pytest.mark.parametrize("M", [1, 3, 8, 64])
 @pytest.mark.parametrize("E,k,renorm", [(896, 16, True), (896, 16, False), (100, 7, True), (1000, 32, True)])
-@pytest.mark.parametrize("variant", ["warp", "block"])
-def test_router_topk_matches_reference(M, E, k, renorm, variant, seed):
+def test_router_topk_matches_reference(M, E, k, renorm, seed):
     from k3fuse.codegen import router_topk as rt
     logits = torch.randn(M, E, device="cuda") * 2
     bias = torch.randn(E, device="cuda") * 0.05
-    kern = rt.build(E, k, renorm, 2.5, variant=variant)
+    kern = rt.build(E, k, renorm, 2.5)
     ids = torch.full((M, k), -1, dtype=torch.int64, device="cuda")
     w = torch.full((M, k), float("nan"), device="cuda")
     kern(logits, bias, ids, w)
@@ -31,25 +30,18 @@ def test_router_topk_matches_reference(M, E, k, renorm, variant, seed):
     assert ((w.double() - rw.double()).norm() / rw.double().norm()).item() < 1e-5
 
 
-@pytest.mark.parametrize("variant", ["warp", "block"])
-def test_router_topk_ties_and_graph(variant, seed):
-    """Tied keys: the lower expert id first (what the Int64 packing / the two-step warp max promise), also among
-    a few tied groups with other keys between them; replay in a CUDA graph."""
+def test_router_topk_ties_and_graph(seed):
+    """Tied keys: the lower expert id first (what the Int64 packing promises); replay in a CUDA graph."""
     from k3fuse.codegen import router_topk as rt
     logits = torch.zeros(2, 896, device="cuda")           # every key equal: ids 0..15 in order
     bias = torch.zeros(896, device="cuda")
-    ids, w = rt.topk_from_logits(logits, bias, 16, True, 1.0, variant=variant)
+    ids, w = rt.topk_from_logits(logits, bias, 16, True, 1.0)
     assert ids.tolist() == [list(range(16))] * 2 and torch.allclose(w, torch.full_like(w, 1 / 16))
-    tied = torch.randn(3, 896, device="cuda").round()     # keys in a few values: many ties across lanes
-    ids, w = rt.topk_from_logits(tied, bias, 16, True, 1.0, variant=variant)
-    # torch.topk does not order ties; a stable descending sort does (lower id first among equal keys)
-    rids = torch.sort(torch.sigmoid(tied), dim=-1, descending=True, stable=True).indices[:, :16]
-    assert torch.equal(ids, rids)
     x = torch.randn(4, 896, device="cuda")
-    rt.topk_from_logits(x, bias, 16, True, 2.5, variant=variant)            # compile before the capture
+    rt.topk_from_logits(x, bias, 16, True, 2.5)            # compile before the capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = rt.topk_from_logits(x, bias, 16, True, 2.5, variant=variant)
+        out = rt.topk_from_logits(x, bias, 16, True, 2.5)
     x.copy_(torch.randn(4, 896, device="cuda"))
     g.replay()
     rids, rw = ref(x, bias, 16, True, 2.5)
