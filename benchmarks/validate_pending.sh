@@ -1,19 +1,17 @@
 #!/bin/bash
-# What has not run on a GPU yet, one device call on an nvidia-h200 (~7 minutes), logs under $OUT:
+# What has not run on a GPU yet, one device call on an nvidia-h200 (~9 minutes), logs under $OUT:
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh
-# Now (session 5, call 3): the routed-expert down kernel's slot groups (KS): its GPU tests (every KS / WD against
-# the reference), the A/B sweep of KS and WD from the table's configs at M = 1 (both routings; the winners come back
-# as moe_sweep.json for `moe_sweep.py --from-json ... --write-table` here), ncu of the down kernel at the new
-# default, and the layer (k3fuse only, TP16 M = 1, 8).
+# Now (session 5, last call): the layer table with every session-5 change at its default (the model period; the
+# routed up projection back on the plain GEMV, the block top-k): KDA / MLA + MoE x TP16, TP8 x M = 1, 8, 64, eager,
+# Inductor, k3fuse. Rows are written as they finish; the call stops itself before the device limit.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"
-python3 -m pytest -q -p no:cacheprovider tests/test_moe_kernel_gpu.py > "$OUT/log_tests.txt" 2>&1
-echo "tests rc=$?"; grep -E "^(FAILED|E  )|passed|failed" "$OUT/log_tests.txt" | head -20
-python3 benchmarks/moe_sweep.py --out "$OUT" --tp 16,8 --ms 1 --from-table --knobs KS,WD --budget-s 150 \
-    > "$OUT/log_sweep.txt" 2>&1
-echo "sweep rc=$?"; tail -12 "$OUT/log_sweep.txt"
-ncu --kernel-name regex:"down_kernel" --launch-skip 2 --launch-count 1 --section SpeedOfLight --section Occupancy \
-    python3 benchmarks/ncu_moe.py --tp 16 --m 1 > "$OUT/log_ncu_moe.txt" 2>&1
-grep -E "config|Duration|DRAM Throughput|Achieved Occupancy|Block Size|Grid Size" "$OUT/log_ncu_moe.txt" | head
-python3 benchmarks/layer_bench.py --out "$OUT" --kinds kda,mla --tp 16 --ms 1,8 --skip inductor --tag _ks \
+timeout 540 python3 benchmarks/layer_bench.py --out "$OUT" --kinds kda,mla --tp 16,8 --ms 1,8,64 --tag _s5 \
     > "$OUT/log_bench.txt" 2>&1
-grep -A 5 "^kind" "$OUT/log_bench.txt"; grep -E "down_kernel" "$OUT/log_bench.txt"
+echo "bench rc=$?"
+python3 - "$OUT/layer_bench_s5.json" <<'PY'
+import json, sys
+for r in json.load(open(sys.argv[1])):
+    print(r["kind"], r["tp"], r["M"], "floor", r["floor_us"], "eager", r.get("eager_us"), "inductor",
+          r.get("inductor_us"), r.get("inductor_kernels"), "k3fuse", r.get("k3fuse_us"), r.get("k3fuse_kernels"),
+          "rel", r.get("k3fuse_rel_err"), r.get("k3fuse_error", ""))
+PY

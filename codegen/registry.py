@@ -273,14 +273,24 @@ def rms_norm_linear_situ_glu_cuda(x, norm_w, eps, weight, beta, linear_beta):
     return _fused_gemv("k3fuse::rms_norm_linear_situ_glu", x, weight, norm_w, eps, "situ", beta, linear_beta)
 
 
-def _fused_gemv_applies(x, *args, **kwargs) -> bool:
-    """The fused GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only): past that the lowering splits the op back into
-    rms_norm (Inductor fuses it) + linear (the tuned mma GEMV), instead of the eager fallback of _fused_gemv."""
+# The RMSNorm-prologue GEMV pays its prologue in every CTA before (or while) it streams its weight rows; measured on
+# the H200 at M = 1 (RESULTS.md, session 5): MLA's q_b (1152 x 1536, 3.5 MB) 3.4 us fused = 3.4 us plain, so the
+# fusion saves the norm kernel; the routed up projection (7168 x 3584, 51 MB, 7168 CTAs of the tuned R = 1 config)
+# 17.6-19.5 us fused against 13.0-13.2 plain, a loss larger than the norm kernel it removes (1.9 us). Fused only up
+# to this weight size, so far.
+NORM_PROLOGUE_MAX_WEIGHT_BYTES = 16 * 2**20
+
+
+def _rms_norm_linear_applies(x, norm_w, eps, weight) -> bool:
+    """The fused GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only): past that, and for weights where the prologue
+    measured slower (NORM_PROLOGUE_MAX_WEIGHT_BYTES), the lowering splits the op back into rms_norm (Inductor fuses
+    it) + linear (the tuned GEMV), instead of the eager fallback of _fused_gemv."""
     M = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return isinstance(M, int) and 1 <= M <= FUSED_MAX_M
+    return (isinstance(M, int) and 1 <= M <= FUSED_MAX_M
+            and weight.numel() * weight.element_size() <= NORM_PROLOGUE_MAX_WEIGHT_BYTES)
 
 
-KERNEL_APPLIES = {"rms_norm_linear": _fused_gemv_applies}
+KERNEL_APPLIES = {"rms_norm_linear": _rms_norm_linear_applies}
 
 
 OPTIONAL_IMPLS = {

@@ -9,9 +9,10 @@ a separate Inductor kernel at M = 1 (a launch, ~1-2 us plus its gap). The other 
 cache, not a GEMV.
 
 Only where the norm's weight, its output dtype and the GEMV weight share one dtype (what the fused kernel
-computes: bf16(bf16(x * rstd) * norm_w) @ w^T). The kernel exists for M <= 4 only; at larger buckets the lowering
-splits the op back into rms_norm + linear (compiler/lowering.py, KERNEL_APPLIES), so the graph after this pass is
-the same for every batch size. Runs after `fuse_shared_input_linears` (a norm feeding a group stays unfused) and
+computes: bf16(bf16(x * rstd) * norm_w) @ w^T). The kernel exists for M <= 4 only, and measured a gain only for
+small weights (q_b; the 51 MB routed up projection got slower, codegen/registry.py NORM_PROLOGUE_MAX_WEIGHT_BYTES):
+elsewhere the lowering splits the op back into rms_norm + linear (compiler/lowering.py, KERNEL_APPLIES), so the
+graph after this pass is the same for every batch size and GPU. Runs after `fuse_shared_input_linears` (a norm feeding a group stays unfused) and
 before `insert_prefetch`, which reads the fused op's weight.
 """
 from __future__ import annotations

@@ -90,3 +90,16 @@ def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, applies
         assert lowered == ["rms_norm_linear", "rms_norm"]
         assert "k3fuse.rms_norm_linear" not in ops and ops["k3fuse.linear"] == 1 and "k3fuse.rms_norm" not in ops
     assert rel(gm(*ins)[0], ref) < 1e-2 and ref.abs().sum() > 0
+
+
+def test_kernel_applies_where_it_measured_faster():
+    """codegen's predicate for the lowering: the fused kernel at M <= 4 and weights up to the measured size limit
+    (MLA q_b at TP16 yes; the 51 MB routed up projection no: it measured slower fused)."""
+    from k3fuse.codegen import registry
+    bf = torch.bfloat16
+    applies = registry.KERNEL_APPLIES["rms_norm_linear"]
+    q_b, up = torch.empty(1152, 1536, dtype=bf), torch.empty(7168, 3584, dtype=bf)
+    assert applies(torch.empty(1, 1536, dtype=bf), None, 1e-5, q_b)
+    assert applies(torch.empty(4, 1536, dtype=bf), None, 1e-5, q_b)
+    assert not applies(torch.empty(8, 1536, dtype=bf), None, 1e-5, q_b)
+    assert not applies(torch.empty(1, 3584, dtype=bf), None, 1e-5, up)

@@ -37,6 +37,10 @@ def test_router_topk_ties_and_graph(seed):
     bias = torch.zeros(896, device="cuda")
     ids, w = rt.topk_from_logits(logits, bias, 16, True, 1.0)
     assert ids.tolist() == [list(range(16))] * 2 and torch.allclose(w, torch.full_like(w, 1 / 16))
+    tied = torch.randn(3, 896, device="cuda").round()     # keys in a few values: many ties across warps
+    ids, _ = rt.topk_from_logits(tied, bias, 16, True, 1.0)
+    # torch.topk does not order ties; a stable descending sort does (lower id first among equal keys)
+    assert torch.equal(ids, torch.sort(torch.sigmoid(tied), dim=-1, descending=True, stable=True).indices[:, :16])
     x = torch.randn(4, 896, device="cuda")
     rt.topk_from_logits(x, bias, 16, True, 2.5)            # compile before the capture
     g = torch.cuda.CUDAGraph()
