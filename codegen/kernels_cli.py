@@ -103,6 +103,26 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             jobs.append(dict(family="gemv", op="k3fuse::linear_group", uses=[name], shape=dict(N=Ns, K=K), bucket=b,
                              config=c, name=f"gemv_group_{c['variant']}_{'-'.join(map(str, Ns))}x{K}_b{b}",
                              used_at_runtime=routed is not None, note=why_not or None))
+    # pass fuse_rms_norm_into_linear: the GEMVs behind an RMSNorm, fused where codegen's predicate says the kernel
+    # applies (registry.KERNEL_APPLIES: M <= 4, weights <= 16 MB), else split back into norm + the plain GEMV above
+    from . import registry
+    shapes = gemm_shapes(cfg, tp)
+    for name in ("mla.q_b", "routed.up"):
+        N, K = shapes[name]
+        for b in buckets:
+            why = None
+            if b > registry.FUSED_MAX_M:
+                why = f"bucket {b} > {registry.FUSED_MAX_M}: split back into rms_norm + linear"
+            elif N * K * 2 > registry.NORM_PROLOGUE_MAX_WEIGHT_BYTES:
+                why = f"{N}x{K} bf16 over {registry.NORM_PROLOGUE_MAX_WEIGHT_BYTES >> 20} MiB: split back (measured slower)"
+            if why:
+                skipped.append(dict(op="k3fuse::rms_norm_linear", name=name, shape=dict(N=N, K=K), bucket=b,
+                                    reason=why))
+                continue
+            fusion = dict(norm=True, eps=cfg.rms_norm_eps, x_fp32=False)
+            jobs.append(dict(family="gemv", op="k3fuse::rms_norm_linear", uses=[name], shape=dict(N=N, K=K),
+                             bucket=b, config=gemv.fused_config(N, K, b, fusion), fusion=fusion,
+                             name=f"gemv_norm_{N}x{K}_b{b}"))
     H = cfg.hidden_size
     nb_max = min(cfg.num_attn_res_blocks, frn.MAX_BLOCKS)   # a mix sees up to ceil(l / B) blocks
     for addend in (False, True):
@@ -114,7 +134,8 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                                  shape=dict(H=H, blocks=nb), bucket=None,
                                  config=dict(addend=addend, prefix=prefix, norm=True,
                                              fp32_norm=cfg.attn_res_mix_fp32_norm,
-                                             mix_eps=cfg.attn_res_eps, norm_eps=cfg.rms_norm_eps),
+                                             mix_eps=cfg.attn_res_eps, norm_eps=cfg.rms_norm_eps,
+                                             wm_pair=True),     # AttnRes's two weight factors (the pass)
                                  name=f"mixnorm_h{H}_nb{nb}{'_add' if addend else ''}{'' if prefix else '_restart'}"))
     jobs.append(dict(family="prefetch_l2", op="k3fuse::prefetch_l2", shape={}, bucket=None, config={},
                      name="prefetch_l2"))
@@ -207,7 +228,8 @@ def build_job(job: dict, arch: str):
     if job["family"] == "fused_residual_norm":
         c = job["config"]
         return frn.build_mix_norm(job["shape"]["H"], job["shape"]["blocks"], c["addend"], c["prefix"], c["norm"],
-                                  c["fp32_norm"], c["mix_eps"], c["norm_eps"], arch=arch, load=False)
+                                  c["fp32_norm"], c["mix_eps"], c["norm_eps"], arch=arch, load=False,
+                                  wm_pair=c.get("wm_pair", False))
     if job["family"] == "prefetch_l2":
         return prefetch.build(arch=arch, load=False)
     if job["family"] == "kda_recurrent":

@@ -121,6 +121,9 @@ def test_kernels_cli_writes_manifest(tmp_path):
     # the KDA and MLA input-projection groups (tiny at TP 1 also has the MoE's routed down + shared gate_up)
     assert sum(k["op"] == "k3fuse::linear_group" for k in g) == 3
     assert any("M=100" in s["reason"] for s in m["skipped"])
+    # pass fuse_rms_norm_into_linear: MLA q_b and the routed up projection with the norm prologue (tiny: both small)
+    assert sorted(k["uses"][0] for k in g if k["op"] == "k3fuse::rms_norm_linear") == ["mla.q_b", "routed.up"]
+    assert all(k["config"]["wm_pair"] for k in m["kernels"] if k["family"] == "fused_residual_norm")
     # default families carry no opt-in note; the router top-k kernel is one of them
     assert [k.get("note") for k in m["kernels"] if k["family"] == "router_topk"] == [None]
 
