@@ -1,4 +1,5 @@
-"""Shared checks for the GPU tests (outputs are poisoned with NaN before a kernel runs)."""
+"""Shared checks: rel (the GPU tests poison outputs with NaN before a kernel runs) and compiled_steps (the tiny K3
+compiled with chosen passes, a few decode steps)."""
 import torch
 
 
@@ -7,3 +8,21 @@ def rel(out, ref):
     out = out.double()
     assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite output"
     return ((out - ref.double()).norm() / ref.double().norm()).item()
+
+
+def compiled_steps(cfg, dtype, M=3, steps=2, seed=0, **options):
+    """Compile KimiK3ForCausalLM(cfg) with backend="k3fuse" (inner compiler "eager" unless options say otherwise)
+    and decode `steps` random tokens for M sequences. Returns (logits [steps, M, V], cache, the pipeline summary)."""
+    from k3fuse.backend import LAST_PIPELINES
+    from k3fuse.models import KimiK3ForCausalLM
+    torch._dynamo.reset()
+    torch.manual_seed(seed)
+    model = KimiK3ForCausalLM(cfg, dtype=dtype).requires_grad_(False)
+    compiled = torch.compile(model, backend="k3fuse", fullgraph=True,
+                             options={"inner_compiler": "eager", **options})
+    cache = model.new_cache(M, 8)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        out = torch.stack([compiled(torch.randint(0, cfg.vocab_size, (M,), generator=g), cache)
+                           for _ in range(steps)])
+    return out, cache, LAST_PIPELINES[-1].summary

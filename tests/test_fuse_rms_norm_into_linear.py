@@ -2,34 +2,19 @@
 import pytest
 import torch
 
+from _check import compiled_steps, rel
 from k3fuse import lowering
-from k3fuse.backend import LAST_PIPELINES, decompositions
-from k3fuse.models import KimiK3Config, KimiK3ForCausalLM
+from k3fuse.backend import decompositions
+from k3fuse.models import KimiK3Config
 from k3fuse.passes.fuse_rms_norm_into_linear import FuseRmsNormIntoLinear
 from k3fuse.pipeline import PASS_NAMES, op_counts
 
 k3 = torch.ops.k3fuse
 
 
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
-
-
-def run(cfg, dtype, passes=None, M=3, steps=2, seed=0):
-    torch._dynamo.reset()
-    torch.manual_seed(seed)
-    model = KimiK3ForCausalLM(cfg, dtype=dtype).requires_grad_(False)
-    opts = {"inner_compiler": "eager"}
-    if passes is not None:
-        opts["passes"] = passes
-    compiled = torch.compile(model, backend="k3fuse", fullgraph=True, options=opts)
-    cache = model.new_cache(M, 8)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        out = torch.stack([compiled(torch.randint(0, cfg.vocab_size, (M,), generator=g), cache)
-                           for _ in range(steps)])
-    return out, LAST_PIPELINES[-1].summary
+def run(cfg, dtype, passes=None):
+    out, _, summary = compiled_steps(cfg, dtype, **({} if passes is None else {"passes": passes}))
+    return out, summary
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

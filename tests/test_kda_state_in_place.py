@@ -4,34 +4,18 @@ import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from _check import compiled_steps, rel
 from k3fuse import ops
-from k3fuse.backend import LAST_PIPELINES
-from k3fuse.models import KimiK3Config, KimiK3ForCausalLM
+from k3fuse.models import KimiK3Config
 from k3fuse.passes.write_kda_state_in_place import WriteKdaStateInPlace
 from k3fuse.pipeline import PASS_NAMES
 
 k3, aten = torch.ops.k3fuse, torch.ops.aten
 
 
-def rel(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm()).item()
-
-
-def run(cfg, dtype, inner, passes=None, M=3, steps=3, seed=0):
-    torch._dynamo.reset()
-    torch.manual_seed(seed)
-    model = KimiK3ForCausalLM(cfg, dtype=dtype).requires_grad_(False)
-    opts = {"inner_compiler": inner}
-    if passes is not None:
-        opts["passes"] = passes
-    compiled = torch.compile(model, backend="k3fuse", fullgraph=True, options=opts)
-    cache = model.new_cache(M, 8)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        out = torch.stack([compiled(torch.randint(0, cfg.vocab_size, (M,), generator=g), cache)
-                           for _ in range(steps)])
-    return out, cache, LAST_PIPELINES[-1].summary
+def run(cfg, dtype, inner, passes=None):
+    opts = {"inner_compiler": inner} if passes is None else {"inner_compiler": inner, "passes": passes}
+    return compiled_steps(cfg, dtype, M=3, steps=3, **opts)
 
 
 @pytest.mark.parametrize("inner", ["eager", "inductor"])

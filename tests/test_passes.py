@@ -12,6 +12,7 @@ from k3fuse.backend import LAST_PIPELINES
 from k3fuse.models import KimiK3Config, KimiK3ForCausalLM
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _check import compiled_steps  # noqa: E402
 from _launch import launch_ranks  # noqa: E402
 
 
@@ -308,18 +309,7 @@ def test_k3_layout_match_counts():
 
 
 # ---------------------------------------------------------------------------------- fuse_shared_input_linears
-def compiled_logits(cfg, dtype, M=3, steps=2, seed=0, **options):
-    torch._dynamo.reset()
-    torch.manual_seed(seed)
-    model = KimiK3ForCausalLM(cfg, dtype=dtype).requires_grad_(False)
-    compiled = torch.compile(model, backend="k3fuse", fullgraph=True,
-                             options={"inner_compiler": "eager", **options})
-    cache = model.new_cache(M, 8)
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        out = torch.stack([compiled(torch.randint(0, cfg.vocab_size, (M,), generator=g), cache)
-                           for _ in range(steps)])
-    return out, cache, LAST_PIPELINES[-1].summary
+compiled_logits = compiled_steps     # (logits, cache, summary) of a few compiled decode steps
 
 
 ALL_BUT_GROUPS = ("fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm", "split_moe_across_ranks",
