@@ -262,6 +262,10 @@ def _fused_gemv(op, x, weight, norm_w, eps, act, beta, lbeta):
 
 
 def rms_norm_linear_cuda(x, norm_w, eps, weight):
+    # where the lowering would have split the op (inner compiler "eager" has no lowering): the parts, as there
+    if weight.numel() * weight.element_size() > NORM_PROLOGUE_MAX_WEIGHT_BYTES:
+        log_fallback("k3fuse::rms_norm_linear", "weight over NORM_PROLOGUE_MAX_WEIGHT_BYTES (measured slower fused)")
+        return linear_cuda(_ref("rms_norm")(x, norm_w, eps, weight.dtype), weight)
     return _fused_gemv("k3fuse::rms_norm_linear", x, weight, norm_w, eps, "none", 4.0, 25.0)
 
 
