@@ -3,7 +3,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh
 # Now (after session 5): compute-sanitizer memcheck over the session-5 kernels, which passed their GPU tests but were
 # not sanitized (device time ran out): the in-place KDA step (kda_decode_), the mix-norm's weight pair (WM_PAIR),
-# the norm-prologue GEMV (XSMEM / WPRE; rms_norm_linear's split above 16 MB), the down kernel's slot groups (KS);
+# rms_norm_linear (the norm-prologue GEMV, and its split above 16 MB), the down kernel's slot groups (KS);
 # then the GPU suite's files that the last session-5 run did not reach before the device limit (router, runtime,
 # streams). Summary lines last. CUDA-graph tests excluded under the sanitizer (as in sessions 2 and 5).
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"

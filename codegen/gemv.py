@@ -220,29 +220,11 @@ def default_fused_config(N: int, K: int, bucket: int, fusion: dict) -> dict:
     return {"variant": "simt", "R": R, "W": W}
 
 
-# The RMSNorm prologue stages x in shared memory up to this size (48 KiB per CTA without opting in to more): one
-# read of x per CTA instead of two. At 7168 x 3584, M = 1 (K3's routed up projection, tuned R = 1: 7168 CTAs) the
-# second read was 51 MB of L2 traffic, as much as the weight; the prologue kernel took 15.8 vs 13.2 us plain (H200).
-XSMEM_MAX_BYTES = 32 * 1024
-# ...and loads the CTA's weight vectors before the prologue when a thread holds at most this many (4 registers each)
-WPRE_MAX_VECTORS = 16
-
-
-def fused_config(N: int, K: int, bucket: int, fusion: dict) -> dict:
-    """The config of a fused simt kernel: with no epilogue (the RMSNorm prologue only) the shape's tuned / heuristic
-    plain config where that is simt (the prologue does not change the main loop); otherwise default_fused_config."""
-    if fusion.get("act", "none") == "none":
-        cfg = config_for(N, K, bucket)
-        if cfg["variant"] == "simt":
-            return _clean(cfg)
-    return default_fused_config(N, K, bucket, fusion)
-
-
 def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
                   fusion: Optional[dict] = None) -> tuple[str, str, dict]:
     fusion = dict(NO_FUSION, **(fusion or {}))
     fused = fusion["norm"] or fusion["act"] != "none"
-    cfg = _clean(cfg or (fused_config(N, K, bucket, fusion) if fused else default_config(N, K, bucket)))
+    cfg = _clean(cfg or (default_fused_config(N, K, bucket, fusion) if fused else default_config(N, K, bucket)))
     why = supports(N, K, bucket, cfg) or fusion_supports(N, K, bucket, cfg, fusion)
     if why:
         raise ValueError(why)
@@ -251,11 +233,6 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
     if fused:
         params.update(NORM=bool(fusion["norm"]), XF32=bool(fusion["x_fp32"]), EPS=repr(float(fusion["eps"])),
                       ACT=fusion["act"], BETA=repr(float(fusion["beta"])), LBETA=repr(float(fusion["lbeta"])))
-        if fusion["norm"] and bucket * K * (4 if fusion["x_fp32"] else 2) <= XSMEM_MAX_BYTES:
-            params["XSMEM"] = True
-        rr = 2 * cfg["R"] if fusion["act"] == "situ" else cfg["R"]
-        if fusion["norm"] and params["ITERS"] * rr <= WPRE_MAX_VECTORS:
-            params["WPRE"] = True
     if fusion["y_fp32"]:
         params["YF32"] = True
     return template, render(template, **params), cfg

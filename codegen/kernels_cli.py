@@ -121,7 +121,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                 continue
             fusion = dict(norm=True, eps=cfg.rms_norm_eps, x_fp32=False)
             jobs.append(dict(family="gemv", op="k3fuse::rms_norm_linear", uses=[name], shape=dict(N=N, K=K),
-                             bucket=b, config=gemv.fused_config(N, K, b, fusion), fusion=fusion,
+                             bucket=b, config=gemv.default_fused_config(N, K, b, fusion), fusion=fusion,
                              name=f"gemv_norm_{N}x{K}_b{b}"))
     H = cfg.hidden_size
     nb_max = min(cfg.num_attn_res_blocks, frn.MAX_BLOCKS)   # a mix sees up to ceil(l / B) blocks
