@@ -33,8 +33,9 @@ def _has_kernel(op: torch._ops.OpOverload, device: torch.device) -> bool:
 
 
 # op name -> predicate on the node's input values: does its generated kernel apply to this graph's shapes? Filled by
-# k3fuse.codegen.registry.register() for fused ops whose kernels cover only some shapes (the RMSNorm-prologue GEMV
-# exists for M <= 4). Where it says no, the op goes back to its parts (k3fuse.ops.UNFUSED), which lower as usual.
+# k3fuse.codegen.registry.register() for fused ops whose kernels cover only some shapes (the RMSNorm-prologue GEMV:
+# M <= 4, weights <= 16 MB). Where it says no, the op is inlined like one without a kernel; its reference is written
+# in the k3fuse ops it fuses, and those are lowered in turn.
 KERNEL_APPLIES: dict = {}
 
 
@@ -47,9 +48,9 @@ def _applies(n: fx.Node, name: str) -> bool:
     return bool(pred(*args, **kwargs))
 
 
-def _inline(graph: fx.Graph, n: fx.Node, decomps, ref=None) -> None:
-    """Replace node n by a trace of `ref` (default: its op's reference implementation)."""
-    ref = ref or getattr(k3ops, n.target._schema.name.split("::")[-1])._init_fn
+def _inline(graph: fx.Graph, n: fx.Node, decomps) -> list[fx.Node]:
+    """Replace node n by a trace of its op's reference implementation. Returns the nodes of the trace."""
+    ref = getattr(k3ops, n.target._schema.name.split("::")[-1])._init_fn
     flat, spec = torch.utils._pytree.tree_flatten((n.args, n.kwargs))
     tensor_pos = [i for i, a in enumerate(flat) if isinstance(a, fx.Node)]
     missing = [flat[i].name for i in tensor_pos if "val" not in flat[i].meta]
@@ -67,9 +68,14 @@ def _inline(graph: fx.Graph, n: fx.Node, decomps, ref=None) -> None:
     fake_mode = torch._guards.detect_fake_mode(vals)
     with fake_mode:
         sub = make_fx(fn, decomposition_table=decomps, tracing_mode="real")(*vals)
+    prev = n.prev
     with graph.inserting_before(n):
         out = graph.graph_copy(sub.graph, dict(zip(sub.graph.find_nodes(op="placeholder"),
                                                    [flat[i] for i in tensor_pos])))
+    new, m = [], prev.next
+    while m is not n:
+        new.append(m)
+        m = m.next
     if isinstance(out, (tuple, list)):
         for u in list(n.users):
             assert u.target is operator.getitem
@@ -78,12 +84,13 @@ def _inline(graph: fx.Graph, n: fx.Node, decomps, ref=None) -> None:
     else:
         n.replace_all_uses_with(out)
     graph.erase_node(n)
+    return new
 
 
 def lower_unkerneled_ops(gm: fx.GraphModule, decomps) -> list[str]:
-    """Inline every k3fuse op without a kernel for its device (prefetch, a pure hint, is dropped instead); a fused
-    op whose kernel does not apply to its shapes first goes back to its parts (KERNEL_APPLIES, k3fuse.ops.UNFUSED),
-    which then lower like any other op. Returns the names of the ops lowered."""
+    """Inline every k3fuse op without a kernel for its device, or whose kernel does not apply to its shapes
+    (KERNEL_APPLIES); prefetch, a pure hint, is dropped instead. k3fuse ops that an inlined reference calls (a fused
+    op's parts) are lowered the same way in the next round. Returns the names of the ops lowered."""
     lowered = []
     todo = list(gm.graph.nodes)
     while todo:
@@ -91,20 +98,17 @@ def lower_unkerneled_ops(gm: fx.GraphModule, decomps) -> list[str]:
         for n in todo:
             if n.op != "call_function" or not isinstance(n.target, torch._ops.OpOverload):
                 continue
-            if n.target.namespace != "k3fuse" or n._erased:
+            if n.target.namespace != "k3fuse":
                 continue
             name = n.target._schema.name.split("::")[-1]
-            kernel = _has_kernel(n.target, _device(n))
-            if kernel and not _applies(n, name) and name in k3ops.UNFUSED:
-                before = set(gm.graph.nodes)
-                _inline(gm.graph, n, decomps, k3ops.UNFUSED[name])
-                new_nodes += [m for m in gm.graph.nodes if m not in before]     # its parts: lowered next round
-            elif kernel or n.target._schema.is_mutable:
-                continue    # a mutating op (an in-place state write) stays one call: its reference writes the state
-            elif name == "prefetch_l2":
+            if _has_kernel(n.target, _device(n)) and _applies(n, name):
+                continue
+            if name == "prefetch_l2":               # a pure hint (it "mutates" only its ordering token)
                 gm.graph.erase_node(n)
+            elif n.target._schema.is_mutable:
+                continue    # a mutating op (an in-place state write) stays one call: its reference writes the state
             else:
-                _inline(gm.graph, n, decomps)
+                new_nodes += _inline(gm.graph, n, decomps)
             lowered.append(name)
         todo = new_nodes
     gm.graph.eliminate_dead_code()

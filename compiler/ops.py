@@ -89,8 +89,9 @@ def _(x, weight, eps, out_dtype):
 @torch.library.custom_op(f"{LIB}::rms_norm_linear", mutates_args=())
 def rms_norm_linear(x: torch.Tensor, norm_w: torch.Tensor, eps: float, weight: torch.Tensor) -> torch.Tensor:
     """linear(rms_norm(x, norm_w, eps, weight.dtype), weight): the GEMV with an RMSNorm prologue (pass
-    `fuse_rms_norm_into_linear`)."""
-    return linear._init_fn(rms_norm._init_fn(x, norm_w, eps, weight.dtype), weight)
+    `fuse_rms_norm_into_linear`). Written in k3fuse ops, so that where its kernel does not apply the lowering's
+    inlined reference is the two ops, each lowered on its own (the linear keeps its GEMV kernel)."""
+    return torch.ops.k3fuse.linear(torch.ops.k3fuse.rms_norm(x, norm_w, eps, weight.dtype), weight)
 
 
 @rms_norm_linear.register_fake
@@ -371,31 +372,3 @@ def _(x):
     return torch.empty_like(x)
 
 
-OPS = {
-    "linear": torch.ops.k3fuse.linear.default,
-    "linear_group": torch.ops.k3fuse.linear_group.default,
-    "rms_norm": torch.ops.k3fuse.rms_norm.default,
-    "situ_glu": torch.ops.k3fuse.situ_glu.default,
-    "attnres_mix": torch.ops.k3fuse.attnres_mix.default,
-    "router_topk": torch.ops.k3fuse.router_topk.default,
-    "router_logits": torch.ops.k3fuse.router_logits.default,
-    "topk_from_logits": torch.ops.k3fuse.topk_from_logits.default,
-    "moe_experts": torch.ops.k3fuse.moe_experts.default,
-    "kda_recurrent": torch.ops.k3fuse.kda_recurrent.default,
-    "kda_decode": torch.ops.k3fuse.kda_decode.default,
-    "mla_attention": torch.ops.k3fuse.mla_attention.default,
-    "fused_residual_norm": torch.ops.k3fuse.fused_residual_norm.default,
-    "prefetch_l2": torch.ops.k3fuse.prefetch_l2.default,
-    "side_linear_situ": torch.ops.k3fuse.side_linear_situ.default,
-    "stream_join": torch.ops.k3fuse.stream_join.default,
-    "all_gather": torch.ops.k3fuse.all_gather.default,
-}
-
-
-# ------------------------------------------------------------------------------------------------ unfusing
-# A fused op whose kernel does not apply to a graph (compiler/lowering.py asks codegen) goes back to the k3fuse ops
-# it was made of, which then lower like any other: here as callables tracing to those ops.
-UNFUSED = {
-    "rms_norm_linear": lambda x, norm_w, eps, weight: torch.ops.k3fuse.linear(
-        torch.ops.k3fuse.rms_norm(x, norm_w, eps, weight.dtype), weight),
-}

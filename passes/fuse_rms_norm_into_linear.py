@@ -11,9 +11,9 @@ cache, not a GEMV.
 Only where the norm's weight, its output dtype and the GEMV weight share one dtype (what the fused kernel
 computes: bf16(bf16(x * rstd) * norm_w) @ w^T). The kernel exists for M <= 4 only, and measured a gain only for
 small weights (q_b; the 51 MB routed up projection got slower, codegen/registry.py NORM_PROLOGUE_MAX_WEIGHT_BYTES):
-elsewhere the lowering splits the op back into rms_norm + linear (compiler/lowering.py, KERNEL_APPLIES), so the
-graph after this pass is the same for every batch size and GPU. Runs after `fuse_shared_input_linears` (a norm feeding a group stays unfused) and
-before `insert_prefetch`, which reads the fused op's weight.
+elsewhere the lowering inlines the op's reference, rms_norm + linear (compiler/lowering.py, KERNEL_APPLIES), so
+the graph after this pass is the same for every batch size and GPU. Runs after `fuse_shared_input_linears` (a norm
+feeding a group stays unfused) and before `insert_prefetch`, which reads the fused op's weight.
 """
 from __future__ import annotations
 

@@ -309,9 +309,6 @@ def test_k3_layout_match_counts():
 
 
 # ---------------------------------------------------------------------------------- fuse_shared_input_linears
-compiled_logits = compiled_steps     # (logits, cache, summary) of a few compiled decode steps
-
-
 ALL_BUT_GROUPS = ("fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm", "split_moe_across_ranks",
                   "fuse_rms_norm_into_linear", "insert_prefetch", "write_kda_state_in_place")
 
@@ -321,8 +318,8 @@ def test_linear_groups_bit_exact(dtype):
     """The group's reference is the linear's math per weight: compiled with the pass == compiled without it,
     bit for bit (logits and every cache state)."""
     cfg = KimiK3Config.preset("tiny")
-    a, ca, sa = compiled_logits(cfg, dtype)
-    b, cb, sb = compiled_logits(cfg, dtype, passes=ALL_BUT_GROUPS)
+    a, ca, sa = compiled_steps(cfg, dtype)
+    b, cb, sb = compiled_steps(cfg, dtype, passes=ALL_BUT_GROUPS)
     assert matches(sa)["fuse_shared_input_linears"] == 11 and "fuse_shared_input_linears" not in matches(sb)
     assert "k3fuse.linear_group" not in sb["ops"]
     assert sa["ops"]["k3fuse.linear"] + 40 == sb["ops"]["k3fuse.linear"]    # 4 KDA x 6 + 2 MLA x 3 + 5 MoE x 2
@@ -394,6 +391,23 @@ def test_linear_group_lowers_to_aten():
     assert all(torch.equal(o, r) for o, r in zip(gm(*args), ref))
 
 
+def test_lowering_drops_prefetch():
+    """Without kernels (CPU) the lowering drops prefetch_l2, a hint, although its schema mutates its token (mutating
+    ops are otherwise kept as one call: tests/test_kda_state_in_place.py)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from k3fuse.backend import decompositions
+    from k3fuse.lowering import lower_unkerneled_ops
+    from k3fuse.pipeline import op_counts
+
+    def f(x, w):
+        torch.ops.k3fuse.prefetch_l2(x.new_empty(0), [w], 1024)
+        return torch.ops.k3fuse.linear(x, w)
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(2, 8), torch.randn(4, 8))
+    assert op_counts(gm.graph)["k3fuse.prefetch_l2"] == 1
+    assert lower_unkerneled_ops(gm, decompositions()) == ["prefetch_l2", "linear"]
+    assert not any(k.startswith("k3fuse.") for k in op_counts(gm.graph))
+
+
 def test_prefetch_sees_group_weights():
     """insert_prefetch reads a group's weights like a linear's (the pass runs before it)."""
     from k3fuse.passes import PassContext
@@ -447,9 +461,9 @@ def test_kda_fusion_matches_unfused(dtype):
     compiled with the pass == compiled without it (the op's reference is the same math), logits and every state."""
     cfg = KimiK3Config.preset("tiny")
     n_kda = cfg.num_hidden_layers - 2
-    a, ca, sa = compiled_logits(cfg, dtype)
+    a, ca, sa = compiled_steps(cfg, dtype)
     from k3fuse.pipeline import PASS_NAMES
-    b, cb, sb = compiled_logits(cfg, dtype, passes=tuple(p for p in PASS_NAMES[1:] if p != "fuse_kda_conv_gated_norm"))
+    b, cb, sb = compiled_steps(cfg, dtype, passes=tuple(p for p in PASS_NAMES[1:] if p != "fuse_kda_conv_gated_norm"))
     assert matches(sa)["fuse_kda_conv_gated_norm"] == n_kda and sa["ops"]["k3fuse.kda_decode_"] == n_kda
     assert "k3fuse.kda_recurrent" not in sa["ops"] and sb["ops"]["k3fuse.kda_recurrent"] == n_kda
     assert sa["ops"]["k3fuse.linear"] + n_kda == sb["ops"]["k3fuse.linear"]          # f_b went into the op
