@@ -150,13 +150,14 @@ def fused_residual_norm_ar(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_ep
 
 
 def fused_residual_norm_ar_or_none(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
-                                   fp32_norm, addend_partial=False):
+                                   fp32_norm, addend_partial=False, w_mix_scale=None):
     """k3fuse::fused_residual_norm's arguments (compiler/ops.py) -> (normed, new_prefix) through the in-kernel
     all-reduce, or None where it does not apply (K3FUSE_INKERNEL_COLLECTIVES != "1", no group, world 1 or
     > MAX_WORLD, not CUDA, shapes / dtypes / alignment the kernels do not take, M > the peer buffers' max_m).
     None leaves the caller's functional path; the answer is the same on every rank (see peer_buffers.resolve).
     addend_partial: the addend is this rank's share (the MoE split's routed slice), reduced with the GEMV partial.
-    A recorded timeout is not checked here (that syncs): the caller runs check_error(peer) where it may sync."""
+    A recorded timeout is not checked here (that syncs): the caller runs check_error(peer) where it may sync.
+    w_mix_scale: the score vector's second factor; this template takes the product, formed here when it runs."""
     from k3fuse import peer_buffers as pbuf
     from .fused_residual_norm import launch_ok as mixnorm_launch_ok
     if not group_name or not pbuf.inkernel_enabled():
@@ -168,6 +169,8 @@ def fused_residual_norm_ar_or_none(o, w_o, addend, prefix, blocks, w_mix, norm_w
     peer, _why = pbuf.resolve(group_name, o.device, hidden=w_o.shape[0])
     if peer is None or launch_ok(o, w_o, addend, prefix, blocks, norm_w, peer):
         return None
+    if w_mix_scale is not None:
+        w_mix = w_mix.float() * w_mix_scale.float()
     return fused_residual_norm_ar(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, peer, fp32_norm,
                                   addend_partial=addend_partial)
 

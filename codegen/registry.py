@@ -173,14 +173,12 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
     if w_mix_scale is not None and not frn.pair_ok(w_mix, w_mix_scale, w_o.shape[0]):
         w_mix, w_mix_scale = w_mix.float() * w_mix_scale.float(), None     # the kernel takes the product
     if group_name:
-        if w_mix_scale is not None:     # the in-kernel all-reduce template takes the product only
-            w_mix, w_mix_scale = w_mix.float() * w_mix_scale.float(), None
         # the in-kernel one-shot all-reduce over peer buffers (opt-in: K3FUSE_INKERNEL_COLLECTIVES=1; the same
         # answer on every rank, see peer_buffers.resolve); None leaves the functional path below
         from .mixnorm_allreduce import fused_residual_norm_ar_or_none
         join_pending()
         r = fused_residual_norm_ar_or_none(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps,
-                                           group_name, fp32_norm, addend_partial)
+                                           group_name, fp32_norm, addend_partial, w_mix_scale)
         if r is not None:
             return r
     reason = None
@@ -262,9 +260,9 @@ def _fused_gemv(op, x, weight, norm_w, eps, act, beta, lbeta):
 
 
 def rms_norm_linear_cuda(x, norm_w, eps, weight):
-    # where the lowering would have split the op (inner compiler "eager" has no lowering): the parts, as there
-    if weight.numel() * weight.element_size() > NORM_PROLOGUE_MAX_WEIGHT_BYTES:
-        log_fallback("k3fuse::rms_norm_linear", "weight over NORM_PROLOGUE_MAX_WEIGHT_BYTES (measured slower fused)")
+    # where the lowering would have inlined the op (inner compiler "eager" has no lowering): the parts, as there
+    if not _rms_norm_linear_applies(x, norm_w, eps, weight):
+        log_fallback("k3fuse::rms_norm_linear", "outside KERNEL_APPLIES (M > 4, or a weight that measured slower)")
         return linear_cuda(_ref("rms_norm")(x, norm_w, eps, weight.dtype), weight)
     return _fused_gemv("k3fuse::rms_norm_linear", x, weight, norm_w, eps, "none", 4.0, 25.0)
 
@@ -279,16 +277,16 @@ def rms_norm_linear_situ_glu_cuda(x, norm_w, eps, weight, beta, linear_beta):
 
 # The RMSNorm-prologue GEMV pays its prologue in every CTA before (or while) it streams its weight rows; measured on
 # the H200 at M = 1 (RESULTS.md, session 5): MLA's q_b (1152 x 1536, 3.5 MB) 3.4 us fused = 3.4 us plain, so the
-# fusion saves the norm kernel; the routed up projection (7168 x 3584, 51 MB, 7168 CTAs of the tuned R = 1 config)
-# 17.6-19.5 us fused against 13.0-13.2 plain, a loss larger than the norm kernel it removes (1.9 us). Fused only up
-# to this weight size, so far.
+# fusion saves the norm kernel; the routed up projection (7168 x 3584, 51 MB) 15.8-19.5 us fused (three kernel
+# variants, two since removed) against 13.0-13.2 plain, a loss larger than the norm kernel it removes (1.9 us).
+# Fused only up to this weight size, so far.
 NORM_PROLOGUE_MAX_WEIGHT_BYTES = 16 * 2**20
 
 
 def _rms_norm_linear_applies(x, norm_w, eps, weight) -> bool:
     """The fused GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only): past that, and for weights where the prologue
-    measured slower (NORM_PROLOGUE_MAX_WEIGHT_BYTES), the lowering splits the op back into rms_norm (Inductor fuses
-    it) + linear (the tuned GEMV), instead of the eager fallback of _fused_gemv."""
+    measured slower (NORM_PROLOGUE_MAX_WEIGHT_BYTES), the lowering inlines the op's reference, rms_norm (Inductor
+    fuses it) + linear (the tuned GEMV), and rms_norm_linear_cuda runs those two parts."""
     M = x.numel() // x.shape[-1] if x.shape[-1] else 0
     return (isinstance(M, int) and 1 <= M <= FUSED_MAX_M
             and weight.numel() * weight.element_size() <= NORM_PROLOGUE_MAX_WEIGHT_BYTES)
