@@ -260,55 +260,45 @@ def kda_decode(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias,
     return out, S_new, conv_new
 
 
-def kda_decode_cuda(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b, go, o_norm, S,
-                    lower_bound, eps, newest_tap_last, out_dtype):
-    """CUDA implementation of k3fuse::kda_decode (same signature); the reference where the kernel does not apply."""
+def _kda_decode_cuda(op, in_place, args, lower_bound, eps, newest_tap_last, out_dtype):
+    """The fused kernel where launch_ok_decode() takes the inputs, else the op's reference."""
     from k3fuse import ops
     from .prefetch import join_pending
     from .registry import _env_ok, log_fallback
-    args = (q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b, go, o_norm, S)
     reason = launch_ok_decode(*args, out_dtype)
     if reason is not None:
-        log_fallback(OP_FUSED, reason)
-        return ops.kda_decode._init_fn(*args, lower_bound, eps, newest_tap_last, out_dtype)
-    if not _env_ok(OP_FUSED, q0.device):     # logs its own reason once
-        return ops.kda_decode._init_fn(*args, lower_bound, eps, newest_tap_last, out_dtype)
+        log_fallback(op, reason)
+    if reason is not None or not _env_ok(op, args[0].device):      # _env_ok logs its own reason once
+        ref = ops.kda_decode_ if in_place else ops.kda_decode
+        return ref._init_fn(*args, lower_bound, eps, newest_tap_last, out_dtype)
     join_pending()
-    return kda_decode(*args, lower_bound, eps, newest_tap_last, out_dtype)
+    if not in_place:
+        return kda_decode(*args, lower_bound, eps, newest_tap_last, out_dtype)
+    # S_new = S (launch_ok_decode checked S contiguous and aligned); a conv state the kernel cannot address
+    # directly (a view into a wider buffer) is computed aside and copied in
+    S, conv_state = args[14], args[3]
+    conv_ok = _aligned(conv_state)
+    o, _, conv_new = kda_decode(*args, lower_bound, eps, newest_tap_last, out_dtype, S_new=S,
+                                conv_new=conv_state if conv_ok else None)
+    if not conv_ok:
+        conv_state.copy_(conv_new.view(conv_state.shape))
+    return o
 
 
-def _writable_in_place(t, dtype) -> bool:
-    """The kernel can write its new state straight into t: t is what _prep would pass unchanged."""
-    return t.dtype == dtype and t.is_contiguous() and t.data_ptr() % 16 == 0
+def kda_decode_cuda(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b, go, o_norm, S,
+                    lower_bound, eps, newest_tap_last, out_dtype):
+    """CUDA implementation of k3fuse::kda_decode (same signature); the reference where the kernel does not apply."""
+    return _kda_decode_cuda(OP_FUSED, False, (q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log,
+                                              b, go, o_norm, S), lower_bound, eps, newest_tap_last, out_dtype)
 
 
 def kda_decode_inplace_cuda(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b, go, o_norm,
                             S, lower_bound, eps, newest_tap_last, out_dtype):
     """CUDA implementation of k3fuse::kda_decode_ (pass write_kda_state_in_place): the fused kernel with S_new = S and
     conv_new = conv_state. In place is safe because every thread reads its S elements (and its conv columns) before
-    it writes them, and no other thread touches them (templates/kda_recurrent.py.jinja, steps 1-4). A state the
-    kernel cannot address directly (non-contiguous, misaligned, another dtype) is computed aside and copied in."""
-    import torch
-    from k3fuse import ops
-    from .prefetch import join_pending
-    from .registry import _env_ok, log_fallback
-    args = (q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias, A_log, b, go, o_norm, S)
-    reason = launch_ok_decode(*args, out_dtype)
-    if reason is not None:
-        log_fallback(OP_INPLACE, reason)
-        return ops.kda_decode_._init_fn(*args, lower_bound, eps, newest_tap_last, out_dtype)
-    if not _env_ok(OP_INPLACE, q0.device):
-        return ops.kda_decode_._init_fn(*args, lower_bound, eps, newest_tap_last, out_dtype)
-    join_pending()
-    s_ok = _writable_in_place(S, torch.float32)
-    c_ok = _writable_in_place(conv_state, conv_state.dtype)
-    o, S_new, conv_new = kda_decode(*args, lower_bound, eps, newest_tap_last, out_dtype,
-                                    S_new=S if s_ok else None, conv_new=conv_state if c_ok else None)
-    if not s_ok:
-        S.copy_(S_new)
-    if not c_ok:
-        conv_state.copy_(conv_new.view(conv_state.shape))
-    return o
+    it writes them, and no other thread touches them (templates/kda_recurrent.py.jinja, steps 1-4)."""
+    return _kda_decode_cuda(OP_INPLACE, True, (q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias,
+                                               A_log, b, go, o_norm, S), lower_bound, eps, newest_tap_last, out_dtype)
 
 
 IMPLS = {OP: kda_recurrent_cuda, OP_FUSED: kda_decode_cuda, OP_INPLACE: kda_decode_inplace_cuda}
