@@ -32,11 +32,13 @@ def test_in_place_equals_functional(inner):
     assert sb["ops"]["k3fuse.kda_decode"] == n_kda
     # the two trailing copies per KDA layer are gone (S, conv state); the MLA caches' and seq_lens' stay
     assert sb["ops"]["aten.copy_"] - sa["ops"]["aten.copy_"] == 2 * n_kda
-    assert rel(a, b) < 1e-5
+    # eager: the same reference math, bit for bit; Inductor fuses the functional op's inlined reference (fp32 order)
+    same = torch.equal if inner == "eager" else (lambda x, y: rel(x, y) < 1e-5)
+    assert same(a, b)
     n_states = 0
     for x, y in zip(ca.recurrent_state + ca.conv_state, cb.recurrent_state + cb.conv_state):
         if x is not None:
-            assert rel(x, y) < 1e-5 and x.abs().sum() > 0
+            assert same(x, y) and x.abs().sum() > 0
             n_states += 1
     assert n_states == 2 * n_kda
 
