@@ -199,7 +199,8 @@ def test_gemv_pdl_sass_order(arch, N, K, b, cfg, fusion):
     assert "LDG" not in sass[:wait] and "LDG.E.128" in sass[wait:]
 
 
-def test_gemv_pdl_config_keys():
+def test_gemv_pdl_config_keys(monkeypatch):
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)      # the default sources
     base = {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}
     # pdl=0 is the same config, source and cache key as no pdl key at all; pdl=1 is another kernel
     assert gemv._clean(dict(base, pdl=0)) == base
@@ -251,7 +252,8 @@ def test_gemv_group_compiles_with_128bit_loads(arch, Ns, K, b, cfg):
     assert f"CTAS = {sum(-(-n // tile) for n in Ns)}" in src and src.count("cute.Tensor, ") >= 2 * len(Ns)
 
 
-def test_gemv_group_config_route_and_unchanged_singles():
+def test_gemv_group_config_route_and_unchanged_singles(monkeypatch):
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)      # the default sources
     # the KDA group at TP16 takes the config of its 16-row-padded concatenation (3216 x 7168), pdl dropped
     Ns = [768, 768, 768, 768, 128, 6]
     for b in (1, 8, 64):
@@ -321,3 +323,59 @@ def test_gemv_fp32_output_variant(arch):
     assert re.search(r"ld\.global(\.[a-z0-9:_]+)*\.v4\.[bu]32", ptx) or "ld.global.v2.b64" in ptx
     assert "ld.local" not in ptx and "st.local" not in ptx
     assert gemv.render_source(896, 7168, 1, cfg, dict(y_fp32=True))[1] != gemv.render_source(896, 7168, 1, cfg)[1]
+
+
+def _layer_kernel_sources():
+    """One rendered source per kernel template of the single-GPU layer (render.PDL_CHAIN_TEMPLATES)."""
+    from k3fuse.codegen import kda_recurrent as kr
+    from k3fuse.codegen import mla_attention as mla
+    from k3fuse.codegen import moe_experts as mx
+    from k3fuse.codegen import router_topk as rt
+    fused_kda = dict(kc=4, fk=128, f="bfloat16", x="bfloat16", o="bfloat16", g="bfloat16", eps=1e-5,
+                     newest_last=True)
+    return {
+        "gemv_simt": gemv.render_source(7168, 768, 1, {"variant": "simt", "R": 2, "W": 8})[1],
+        "gemv_mma": gemv.render_source(7168, 768, 8, {"variant": "mma", "W": 4, "U": 2, "WN": 1, "RT": 1, "KB": 1})[1],
+        "gemv_group": gemv.render_group_source([768, 768, 1536], 7168, 1)[1],
+        "mixnorm": frn.render_mixnorm(7168, 2, False, True, True, False, 1e-5, 1e-5, wm_pair=True),
+        "kda": kr.render_source(128, "bfloat16", "bfloat16", -5.0, 2, fused=fused_kda),
+        "topk": rt.render_source(896, 16, True, 2.5),
+        "moe": mx.render_source(896, 128, 3584, 16, 1)[0],
+        "mla": mla.render_source(8, n=128, v=128, r=64, C=512, scale=192 ** -0.5),
+    }
+
+
+def test_pdl_chain_knob_renders_wait_first(monkeypatch):
+    """K3FUSE_PDL_CHAIN=1: every layer kernel launches with use_pdl and its body triggers and waits
+    (griddepcontrol) before its first tensor access; unset: no griddepcontrol anywhere (the default sources)."""
+    import re
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    off = _layer_kernel_sources()
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
+    on = _layer_kernel_sources()
+    for name in off:
+        assert "griddepcontrol" not in off[name] and "use_pdl" not in off[name], name
+        bodies = re.split(r"@cute\.kernel\n", on[name])[1:]
+        assert bodies, name
+        for body in bodies:
+            body = body.split("@cute.jit")[0]
+            trig, wait = body.find("griddepcontrol_launch_dependents()"), body.find("griddepcontrol_wait()")
+            access = [m.start() for m in re.finditer(r"cute\.(?:autovec_)?copy\(|\bm[A-Z]\w*\[", body)]
+            assert 0 <= trig < wait < min(access), (name, body[:300])
+        assert on[name].count("use_pdl=True") == len(bodies), name
+
+
+@pytest.mark.parametrize("arch", ["sm_90a"])
+def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
+    """The compiled layer kernels under K3FUSE_PDL_CHAIN=1: griddepcontrol.wait comes before the first global
+    load or store of each kernel entry in the PTX (ptxas cannot move memory ops above it)."""
+    import re
+    from k3fuse.codegen import compile as kcompile
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
+    for name, src in _layer_kernel_sources().items():
+        ptx = kcompile.compile_source(src, arch, load=False).files["kernel.ptx"]
+        text = open(ptx).read()
+        for entry in re.split(r"\.entry ", text)[1:]:
+            wait = entry.find("griddepcontrol.wait")
+            mem = [m.start() for m in re.finditer(r"\b(?:ld|st)\.global", entry)]
+            assert wait >= 0 and (not mem or wait < min(mem)), name
