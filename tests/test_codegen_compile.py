@@ -200,7 +200,7 @@ def test_gemv_pdl_sass_order(arch, N, K, b, cfg, fusion):
 
 
 def test_gemv_pdl_config_keys(monkeypatch):
-    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)      # the default sources
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")      # the sources without the PDL chain
     base = {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}
     # pdl=0 is the same config, source and cache key as no pdl key at all; pdl=1 is another kernel
     assert gemv._clean(dict(base, pdl=0)) == base
@@ -253,7 +253,7 @@ def test_gemv_group_compiles_with_128bit_loads(arch, Ns, K, b, cfg):
 
 
 def test_gemv_group_config_route_and_unchanged_singles(monkeypatch):
-    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)      # the default sources
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")      # the sources without the PDL chain
     # the KDA group at TP16 takes the config of its 16-row-padded concatenation (3216 x 7168), pdl dropped
     Ns = [768, 768, 768, 768, 128, 6]
     for b in (1, 8, 64):
@@ -346,13 +346,15 @@ def _layer_kernel_sources():
 
 
 def test_pdl_chain_knob_renders_wait_first(monkeypatch):
-    """K3FUSE_PDL_CHAIN=1: every layer kernel launches with use_pdl and its body triggers and waits
-    (griddepcontrol) before its first tensor access; unset: no griddepcontrol anywhere (the default sources)."""
+    """PDL chain on (the default, or K3FUSE_PDL_CHAIN=1): every layer kernel launches with use_pdl and its body
+    triggers and waits (griddepcontrol) before its first tensor access; K3FUSE_PDL_CHAIN=0: no griddepcontrol."""
     import re
-    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")
     off = _layer_kernel_sources()
-    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
     on = _layer_kernel_sources()
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
+    assert _layer_kernel_sources() == on
     for name in off:
         assert "griddepcontrol" not in off[name] and "use_pdl" not in off[name], name
         bodies = re.split(r"@cute\.kernel\n", on[name])[1:]
@@ -371,7 +373,7 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
     load or store of each kernel entry in the PTX (ptxas cannot move memory ops above it)."""
     import re
     from k3fuse.codegen import compile as kcompile
-    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)        # on by default
     for name, src in _layer_kernel_sources().items():
         ptx = kcompile.compile_source(src, arch, load=False).files["kernel.ptx"]
         text = open(ptx).read()
