@@ -362,26 +362,21 @@ def bench_frn(results, copy_bw):
 
 
 def bench_router_topk(results):
-    """k3fuse::topk_from_logits kernel (each ROUNDS variant) vs the reference ops (sigmoid, + bias, ATen topk,
-    gather, renorm), graphed."""
+    """k3fuse::topk_from_logits kernel vs the reference ops (sigmoid, + bias, ATen topk, gather, renorm), graphed."""
     from k3fuse import ops
     from k3fuse.codegen import router_topk as rt
     for E, k in ((896, 16), (896, 8)):
         for M in (1, 8, 64):
             logits = torch.randn(M, E, device="cuda") * 2
             bias = torch.randn(E, device="cuda") * 0.05
+            ids, w = rt.topk_from_logits(logits, bias, k, True, 2.5)
             rids, rw = ops.topk_from_logits._init_fn(logits, bias, k, True, 2.5)
+            ok = bool(torch.equal(ids, rids)) and rel_err(w, rw) < 1e-5
+            t_k, _ = graph_time(lambda i: rt.topk_from_logits(logits, bias, k, True, 2.5))
             t_r, _ = graph_time(lambda i: ops.topk_from_logits._init_fn(logits, bias, k, True, 2.5))
-            for rounds in rt.ROUNDS:
-                os.environ["K3FUSE_TOPK_ROUNDS"] = rounds
-                ids, w = rt.topk_from_logits(logits, bias, k, True, 2.5)
-                ok = bool(torch.equal(ids, rids)) and rel_err(w, rw) < 1e-5
-                t_k, _ = graph_time(lambda i: rt.topk_from_logits(logits, bias, k, True, 2.5))
-                row = dict(family="router_topk", E=E, k=k, M=M, rounds=rounds, ok=ok, us=t_k, ref_us=t_r)
-                results.append(row)
-                log(f"router_topk E={E} k={k} M={M} rounds={rounds}: ok={ok} kernel {t_k:.2f} us, "
-                    f"reference ops {t_r:.2f} us")
-    os.environ.pop("K3FUSE_TOPK_ROUNDS", None)
+            row = dict(family="router_topk", E=E, k=k, M=M, ok=ok, us=t_k, ref_us=t_r)
+            results.append(row)
+            log(f"router_topk E={E} k={k} M={M}: ok={ok} kernel {t_k:.2f} us, reference ops {t_r:.2f} us")
 
 
 def bench_prefetch(results, copy_bw):

@@ -1,7 +1,8 @@
 """Kernel family: the router's top-k (k3fuse::topk_from_logits, and the selection half of k3fuse::router_topk).
 
 One launch, one CTA per token (templates/router_topk.py.jinja): sigmoid, + correction bias, top-k by k rounds of
-a block-wide max (ROUNDS: "redux", one barrier and four redux.sync per round, or "int64", session 3-5), the chosen sigmoid scores renormalised and scaled. Memory: the [M, E] fp32 logits once
+a block-wide max (one barrier and four redux.sync per round), the chosen sigmoid scores renormalised and scaled.
+Memory: the [M, E] fp32 logits once
 (3.5 KB per token at E = 896): it is latency-bound, and it replaces ATen's topk (gatherTopK + bitonicSort, 13.4 us
 at E = 896, k = 16 on the H200) and the elementwise kernels around it.
 
@@ -41,44 +42,30 @@ def threads_for(E: int) -> int:
     return min(1024, max(32, 32 * math.ceil(E / 4 / 32)))
 
 
-ROUNDS = ("redux", "int64")
-
-
-def default_rounds() -> str:
-    """How a round's block max is formed; K3FUSE_TOPK_ROUNDS overrides (for A/B timing)."""
-    r = os.environ.get("K3FUSE_TOPK_ROUNDS", "redux")
-    if r not in ROUNDS:
-        raise ValueError(f"K3FUSE_TOPK_ROUNDS={r!r}: one of {ROUNDS}")
-    return r
-
-
-def template_params(E: int, k: int, renormalize: bool, scale: float, rounds: str = "redux") -> dict:
+def template_params(E: int, k: int, renormalize: bool, scale: float) -> dict:
     t = threads_for(E)
-    return dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), THREADS=t, VPT=math.ceil(E / t),
-                ROUNDS=rounds)
+    return dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), THREADS=t, VPT=math.ceil(E / t))
 
 
-def render_source(E: int, k: int, renormalize: bool = True, scale: float = 1.0, rounds: Optional[str] = None) -> str:
+def render_source(E: int, k: int, renormalize: bool = True, scale: float = 1.0) -> str:
     why = supports(E, k)
     if why:
         raise ValueError(why)
-    return render(TEMPLATE, **template_params(E, k, renormalize, scale, rounds or default_rounds()))
+    return render(TEMPLATE, **template_params(E, k, renormalize, scale))
 
 
 _built: dict = {}
 
 
 def build(E: int, k: int, renormalize: bool = True, scale: float = 1.0, arch: Optional[str] = None,
-          load: bool = True, rounds: Optional[str] = None):
+          load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    rounds = rounds or default_rounds()
-    memo = (E, k, bool(renormalize), float(scale), arch, load, rounds)
+    memo = (E, k, bool(renormalize), float(scale), arch, load)
     if memo not in _built:
         meta = dict(family=FAMILY, op=OP, shape=dict(E=E, k=k), template=TEMPLATE,
-                    config=dict(renormalize=bool(renormalize), scale=float(scale), threads=threads_for(E),
-                                rounds=rounds))
-        _built[memo] = compile_source(render_source(E, k, renormalize, scale, rounds), arch, load=load, meta=meta)
+                    config=dict(renormalize=bool(renormalize), scale=float(scale), threads=threads_for(E)))
+        _built[memo] = compile_source(render_source(E, k, renormalize, scale), arch, load=load, meta=meta)
     return _built[memo]
 
 

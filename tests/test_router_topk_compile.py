@@ -16,16 +16,13 @@ pytestmark = pytest.mark.usefixtures("isolated_kernel_cache")
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("E,k,renorm", [(896, 16, True), (8, 3, False), (1000, 32, True)])
-@pytest.mark.parametrize("rounds", rt.ROUNDS)
-def test_router_topk_compiles(arch, E, k, renorm, rounds):
-    kern = rt.build(E, k, renorm, 2.5, arch=arch, load=False, rounds=rounds)
+def test_router_topk_compiles(arch, E, k, renorm):
+    kern = rt.build(E, k, renorm, 2.5, arch=arch, load=False)
     ptx = open(kern.files["kernel.ptx"]).read()
     assert f".target {arch}" in ptx
     assert "ld.local" not in ptx and "st.local" not in ptx          # candidates stay in registers
-    per_round = 1 if rounds == "redux" else 2
-    assert len(re.findall(r"\bbar(?:rier)?\.sync", ptx)) == per_round * k + 1   # per round, one before the output
-    if rounds == "redux":        # two for the warp's best, two for the block's
-        assert len(re.findall(r"\bredux\.sync\.max\.s32", ptx)) == 4 * k
+    assert len(re.findall(r"\bbar(?:rier)?\.sync", ptx)) == k + 1       # one per round, one before the output
+    assert len(re.findall(r"\bredux\.sync\.max\.s32", ptx)) == 4 * k   # two for a warp's best, two for the block's
     stores = re.findall(r"\bst\.global(?:\.[a-z0-9]+)*", ptx)
     assert sorted(stores) == ["st.global.b32", "st.global.b64"]       # weight (fp32) and id (int64), once each
 
@@ -34,8 +31,7 @@ def test_router_topk_source_and_supports():
     base = rt.render_source(896, 16, True, 2.5)
     others = [rt.render_source(896, 8, True, 2.5), rt.render_source(896, 16, False, 2.5),
               rt.render_source(896, 16, True, 1.0), rt.render_source(512, 16, True, 2.5)]
-    others.append(rt.render_source(896, 16, True, 2.5, rounds="int64"))
-    assert len({base, *others}) == 6
+    assert len({base, *others}) == 5
     assert kcompile.cache_key(base, "sm_90a") != kcompile.cache_key(base, "sm_100a")
     assert rt.supports(896, 16) is None and rt.supports(896, 33) and rt.supports(8, 16) and rt.supports(5000, 8)
     assert rt.threads_for(896) == 224 and rt.threads_for(8) == 32 and rt.threads_for(4096) == 1024
