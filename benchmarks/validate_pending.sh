@@ -1,18 +1,27 @@
 #!/bin/bash
-# What has not run on a GPU yet, one device call on an nvidia-h200 (~4 minutes), logs under $OUT:
+# What has not run on a GPU yet, for one device call on an nvidia-h200 (~8 minutes), logs under $OUT:
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh
-# Now (session 6): the router top-k's "redux" rounds (both round variants), the mix-norm kernel's early norm-weight
-# load, the fused KDA kernel's early output-gate / norm-weight loads: their GPU tests, then compute-sanitizer
-# memcheck over the same kernels (CUDA-graph tests excluded under the sanitizer, as in sessions 2 and 5).
+# After session 6: the PDL chain (templates/_pdl_chain.jinja, on by default) passed 121 + 58 GPU tests (calls 6-7) and
+# four layer runs, but the rest of the GPU suite has not run with it (the -k-deselected GEMV, grouped-GEMV,
+# rms_norm_linear, MoE slot-group, MLA split tests), nor compute-sanitizer. Then the issue-4 small shapes (11 MB
+# GEMVs) re-timed as the layer launches them (the chain on) and off, and the layer rows not rerun (M = 64).
 # Summary lines last.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"
-timeout 240 python3 -m pytest -q -p no:cacheprovider tests/test_router_topk_gpu.py tests/test_kda_kernel_gpu.py \
-    tests/test_kernels_gpu.py -k "topk or kda or fused_residual_norm or router" > "$OUT/log_tests.txt" 2>&1
+timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_moe_kernel_gpu.py \
+    tests/test_mla_kernel_gpu.py tests/test_kda_kernel_gpu.py > "$OUT/log_tests.txt" 2>&1
 echo "tests rc=$?"
-timeout 200 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
-    python3 -m pytest -q -p no:cacheprovider tests/test_router_topk_gpu.py tests/test_kda_kernel_gpu.py \
-    tests/test_kernels_gpu.py -k "(matches_reference or weight_pair) and (topk or kda_decode or fused_residual_norm) and not graph" \
-    > "$OUT/log_sanitizer.txt" 2>&1
+timeout 120 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
+    python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_kda_kernel_gpu.py \
+    tests/test_router_topk_gpu.py -k "(matches_reference or weight_pair) and not graph" > "$OUT/log_sanitizer.txt" 2>&1
 echo "sanitizer rc=$?"
+for p in 1 0; do
+    K3FUSE_PDL_CHAIN=$p timeout 60 python3 benchmarks/gpu_kernels.py --out "$OUT/gk_pdl$p" --shapes 7168x768,768x7168 \
+        --ms 1,8 > "$OUT/gk_pdl$p.txt" 2>&1
+    echo "gemv small shapes, K3FUSE_PDL_CHAIN=$p rc=$?"
+done
+timeout 150 python3 benchmarks/layer_bench.py --out "$OUT" --kinds kda,mla --tp 16,8 --ms 64 --tag _m64 > "$OUT/lb_m64.txt" 2>&1
+echo "layer M=64 rc=$?"
 grep -E "^FAILED|passed|failed" "$OUT/log_tests.txt" | tail -5
 grep -E "passed|failed|ERROR SUMMARY" "$OUT/log_sanitizer.txt" | tail -3
+grep -h -E "^ +(7168x768|768x7168)" "$OUT"/gk_pdl1.txt "$OUT"/gk_pdl0.txt
+grep -E "^(kda|mla) +(16|8) +64" "$OUT/lb_m64.txt"
