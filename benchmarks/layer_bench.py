@@ -248,7 +248,8 @@ def main():
     for r in rows:
         if r.get("k3fuse_top_kernels"):
             print(f"\nk3fuse {r['kind']} tp{r['tp']} M{r['M']}: {r['k3fuse_kernels']} kernels, "
-                  f"{r['k3fuse_kernel_us']} us of kernel time (graph: {r.get('k3fuse_us')} us); top:")
+                  f"{r['k3fuse_kernel_us']} us of kernel time (graph: {r.get('k3fuse_us')} us; under the PDL chain a "
+                  f"kernel's time includes its wait for the previous one); top:")
             for n, t, c in r["k3fuse_top_kernels"]:
                 print(f"  {t:>7.1f} us  x{c:<3} {n}")
     try:
