@@ -2,9 +2,8 @@
 
 One launch, one CTA per token (templates/router_topk.py.jinja): sigmoid, + correction bias, top-k by k rounds of
 a block-wide max (one barrier and four redux.sync per round), the chosen sigmoid scores renormalised and scaled.
-Memory: the [M, E] fp32 logits once
-(3.5 KB per token at E = 896): it is latency-bound, and it replaces ATen's topk (gatherTopK + bitonicSort, 13.4 us
-at E = 896, k = 16 on the H200) and the elementwise kernels around it.
+Memory: the [M, E] fp32 logits once (3.5 KB per token at E = 896): it is latency-bound, and it replaces ATen's
+topk (gatherTopK + bitonicSort, 13.4 us at E = 896, k = 16 on the H200) and the elementwise kernels around it.
 
 Also here: k3fuse::router_logits / router_topk on CUDA: the logits from the fp32-output simt GEMV at M <= 4, else one
 bf16 x bf16 -> fp32 cuBLAS GEMM (no fp32 copy of the router weight), then this kernel.
