@@ -11,6 +11,8 @@ Validated on the H200 (2026-11-29, tests/test_kda_kernel_gpu.py); registered by 
 """
 from __future__ import annotations
 
+import os
+
 from typing import Optional
 
 from .render import render
@@ -55,7 +57,18 @@ def template_params(d: int, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound:
         p.update(WV=2, KC=int(fused["kc"]), FK=int(fused["fk"]), FV=8 if fdt == "BFloat16" else 4,
                  NEWEST_LAST=bool(fused["newest_last"]), XDT=_dtname(fused["x"]), FDT=fdt,
                  GDT=_dtname(fused["g"]), ODT=_dtname(fused["o"]), EPS=repr(float(fused["eps"])), ADT=fdt)
+        if fa_smem() and p["FK"] // p["FV"] <= 32:       # only when set: the default source stays as it was
+            p.update(FA_SMEM=True, WFA=nwarps - 1)
     return p
+
+
+def fa_smem() -> bool:
+    """K3FUSE_KDA_FA_SMEM=1: the fused kernel stages fa in shared memory (one warp loads it, one barrier) instead
+    of every lane loading its chunks into registers. In the sm_90a SASS (read on the CPU, session 6) this lets
+    ptxas issue the S-row loads with the conv / f_b loads, before the first barrier (one DRAM round trip where the
+    default has two). Opt-in: compiled in CI, not yet run on a GPU (benchmarks/validate_pending.sh). Read at
+    render time, like K3FUSE_PDL_CHAIN."""
+    return os.environ.get("K3FUSE_KDA_FA_SMEM", "0") == "1"
 
 
 def supports_fused(d: int, kc: int, fk: int, f_dtype="bfloat16", lpr: int = DEFAULT_LPR) -> Optional[str]:
