@@ -110,11 +110,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
     for name in ("mla.q_b", "routed.up"):
         N, K = shapes[name]
         for b in buckets:
-            why = None
-            if b > registry.FUSED_MAX_M:
-                why = f"bucket {b} > {registry.FUSED_MAX_M}: split back into rms_norm + linear"
-            elif N * K * 2 > registry.NORM_PROLOGUE_MAX_WEIGHT_BYTES:
-                why = f"{N}x{K} bf16 over {registry.NORM_PROLOGUE_MAX_WEIGHT_BYTES >> 20} MiB: split back (measured slower)"
+            why = registry.rms_norm_linear_split_reason(b, N * K * 2)
             if why:
                 skipped.append(dict(op="k3fuse::rms_norm_linear", name=name, shape=dict(N=N, K=K), bucket=b,
                                     reason=why))

@@ -283,13 +283,22 @@ def rms_norm_linear_situ_glu_cuda(x, norm_w, eps, weight, beta, linear_beta):
 NORM_PROLOGUE_MAX_WEIGHT_BYTES = 16 * 2**20
 
 
+def rms_norm_linear_split_reason(M: int, weight_bytes: int):
+    """None where the RMSNorm-prologue GEMV runs, else why the op is split back into rms_norm + linear: the fused
+    GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only), and the prologue measured slower on large weights
+    (NORM_PROLOGUE_MAX_WEIGHT_BYTES). Also the `k3fuse kernels` plan's reason."""
+    if not 1 <= M <= FUSED_MAX_M:
+        return f"M = {M} outside 1..{FUSED_MAX_M}: split back into rms_norm + linear"
+    if weight_bytes > NORM_PROLOGUE_MAX_WEIGHT_BYTES:
+        return f"weight over {NORM_PROLOGUE_MAX_WEIGHT_BYTES >> 20} MiB: split back (measured slower)"
+    return None
+
+
 def _rms_norm_linear_applies(x, norm_w, eps, weight) -> bool:
-    """The fused GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only): past that, and for weights where the prologue
-    measured slower (NORM_PROLOGUE_MAX_WEIGHT_BYTES), the lowering inlines the op's reference, rms_norm (Inductor
-    fuses it) + linear (the tuned GEMV), and rms_norm_linear_cuda runs those two parts."""
+    """Where not, the lowering inlines the op's reference, rms_norm (Inductor fuses it) + linear (the tuned GEMV),
+    and rms_norm_linear_cuda runs those two parts."""
     M = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return (isinstance(M, int) and 1 <= M <= FUSED_MAX_M
-            and weight.numel() * weight.element_size() <= NORM_PROLOGUE_MAX_WEIGHT_BYTES)
+    return isinstance(M, int) and rms_norm_linear_split_reason(M, weight.numel() * weight.element_size()) is None
 
 
 KERNEL_APPLIES = {"rms_norm_linear": _rms_norm_linear_applies}
