@@ -12,7 +12,6 @@ Validated on the H200 (2026-11-29, tests/test_kda_kernel_gpu.py); registered by 
 from __future__ import annotations
 
 import os
-
 from typing import Optional
 
 from .render import render
@@ -65,9 +64,9 @@ def template_params(d: int, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound:
 def fa_smem() -> bool:
     """K3FUSE_KDA_FA_SMEM=1: the fused kernel stages fa in shared memory (one warp loads it, one barrier) instead
     of every lane loading its chunks into registers. In the sm_90a SASS (read on the CPU, session 6) this lets
-    ptxas issue the S-row loads with the conv / f_b loads, before the first barrier (one DRAM round trip where the
-    default has two). Opt-in: compiled in CI, not yet run on a GPU (benchmarks/validate_pending.sh). Read at
-    render time, like K3FUSE_PDL_CHAIN."""
+    ptxas issue the S-row loads with the conv / f_b loads, before the first barrier (expected: one DRAM round trip
+    where the default has two; not timed). Opt-in: compiled in CI, not yet run on a GPU
+    (benchmarks/validate_pending.sh). Read at render time, like K3FUSE_PDL_CHAIN."""
     return os.environ.get("K3FUSE_KDA_FA_SMEM", "0") == "1"
 
 

@@ -333,8 +333,7 @@ def _layer_kernel_sources():
     from k3fuse.codegen import mla_attention as mla
     from k3fuse.codegen import moe_experts as mx
     from k3fuse.codegen import router_topk as rt
-    fused_kda = dict(kc=4, fk=128, f="bfloat16", x="bfloat16", o="bfloat16", g="bfloat16", eps=1e-5,
-                     newest_last=True)
+    from test_kda_kernel_compile import FUSED_K3 as fused_kda
     return {
         "gemv_simt": gemv.render_source(7168, 768, 1, {"variant": "simt", "R": 2, "W": 8})[1],
         "gemv_mma": gemv.render_source(7168, 768, 8, {"variant": "mma", "W": 4, "U": 2, "WN": 1, "RT": 1, "KB": 1})[1],
