@@ -54,3 +54,5 @@ def main():
 
 if __name__ == "__main__":
     main()
+    from _launch import finish_worker
+    finish_worker()
