@@ -19,7 +19,7 @@ from typing import Optional
 
 from . import tuning
 from .buckets import bucket_for
-from .render import render
+from .render import pdl_chain, render, weight_prefetch
 
 log = logging.getLogger("k3fuse.codegen")
 
@@ -173,6 +173,9 @@ PF_CHUNK = 8192
 def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     # PDL / PF_CHUNK are passed only with pdl=1 (the templates default PDL to off): see the module docstring
     pdl = dict(PDL=True, PF_CHUNK=PF_CHUNK) if cfg.get("pdl") else {}
+    wpf = weight_prefetch() if pdl_chain() else 0
+    if wpf:     # the chain's weight prefetch (render.weight_prefetch) is the pdl=1 prologue, optionally first CTAs only
+        pdl = dict(PDL=True, PF_CHUNK=PF_CHUNK, **({"PF_CTAS": wpf} if wpf > 1 else {}))
     if cfg["variant"] == "mma":
         S, W, U, KB = K // 32, cfg["W"], cfg["U"], int(cfg.get("KB", 0))
         return dict(N=N, K=K, BM=bucket, W=W, U=U, WN=cfg.get("WN", 1), RT=cfg.get("RT", 1), NT=max(1, bucket // 8),

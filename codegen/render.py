@@ -38,6 +38,22 @@ def pdl_chain() -> bool:
     return os.environ.get("K3FUSE_PDL_CHAIN", "1") != "0"
 
 
+def weight_prefetch() -> int:
+    """Under the PDL chain, GEMV CTAs issue an L2 bulk prefetch of their weight rows before griddepcontrol.wait
+    (weights are parameters: no earlier kernel of the step writes them), so a GEMV that becomes resident while a
+    latency-bound predecessor runs (mix-norm, kda_decode, top-k: one to six CTAs) streams weights meanwhile.
+    K3FUSE_WEIGHT_PREFETCH: 0 = off (default until measured), 1 = every CTA, N > 1 = only the first N CTAs
+    (later waves start after the predecessor is done, where the prefetch only adds instructions). Read at
+    render time, like pdl_chain()."""
+    v = os.environ.get("K3FUSE_WEIGHT_PREFETCH", "0").strip()
+    try:
+        n = int(v)
+    except ValueError:
+        raise ValueError(f"K3FUSE_WEIGHT_PREFETCH must be an integer (0 off, 1 every CTA, N the first N CTAs), "
+                         f"not {v!r}") from None
+    return max(n, 0)
+
+
 def render(template: str, **params: Any) -> str:
     """Render one template to CuTe DSL Python source. `params` are the static values baked into the kernel."""
     if not template.endswith(".py.jinja"):
