@@ -173,7 +173,7 @@ PF_CHUNK = 8192
 def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     # PDL / PF_CHUNK are passed only with pdl=1 (the templates default PDL to off): see the module docstring
     pdl = dict(PDL=True, PF_CHUNK=PF_CHUNK) if cfg.get("pdl") else {}
-    wpf = weight_prefetch() if pdl_chain() else 0
+    wpf = _prefetch_key()
     if wpf:     # the chain's weight prefetch (render.weight_prefetch) is the pdl=1 prologue, optionally first CTAs only
         pdl = dict(PDL=True, PF_CHUNK=PF_CHUNK, **({"PF_CTAS": wpf} if wpf > 1 else {}))
     if cfg["variant"] == "mma":
@@ -244,13 +244,20 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
 _built: dict = {}
 
 
+def _prefetch_key() -> int:
+    """The weight-prefetch knob as it renders (0 without the PDL chain): part of the memo keys, so that a process
+    that changes K3FUSE_WEIGHT_PREFETCH gets the kernels it asks for."""
+    return weight_prefetch() if pdl_chain() else 0
+
+
 def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optional[str] = None, load: bool = True,
           fusion: Optional[dict] = None):
     """Compiled kernel for (shape, bucket, config, fusion, arch); memoised so repeated calls skip rendering and
     hashing (the compile/disk-cache layer below is keyed by the rendered source)."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load)
+    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load,
+            _prefetch_key())
     k = _built.get(memo)
     if k is not None:
         return k
@@ -398,7 +405,7 @@ def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optio
                 load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load)
+    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, _prefetch_key())
     k = _built.get(memo)
     if k is not None:
         return k

@@ -239,3 +239,48 @@ def test_rms_norm_linear_op(M, N, K):
     h = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)) * nw.double()
     assert y.shape == (M, N) and y.dtype == torch.bfloat16
     assert rel(y, h @ w.double().t()) < 1e-2
+
+
+@pytest.mark.parametrize("wpf", ["1", "64"])
+@pytest.mark.parametrize("M", [1, 8])
+def test_weight_prefetch_chain_matches_reference_in_graph(M, wpf, monkeypatch):
+    """K3FUSE_WEIGHT_PREFETCH under the PDL chain: grouped GEMV (partial member tiles) -> plain GEMV -> grouped
+    GEMV, each reading what the one before it just wrote (so each is resident, prefetching, while its predecessor
+    runs), in a CUDA graph, every buffer NaN-poisoned before each replay: a read of x ahead of the wait shows."""
+    from k3fuse.codegen import gemv
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
+    monkeypatch.setenv("K3FUSE_WEIGHT_PREFETCH", wpf)
+    K, Ns = 7168, [768, 40, 1536]
+    b = 1 if M == 1 else 8
+    ws = [bf(n, K, scale=K ** -0.5) for n in Ns]
+    wd = bf(K, Ns[0], scale=Ns[0] ** -0.5)
+    src = bf(M, K)
+    x = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+    ys = [torch.empty(M, n, device="cuda", dtype=torch.bfloat16) for n in Ns]
+    h = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+    zs = [torch.empty(M, n, device="cuda", dtype=torch.bfloat16) for n in Ns]
+    kg = gemv.build_group(Ns, K, b, gemv.group_config_for(Ns, K, b))
+    kd = gemv.build(K, Ns[0], b, gemv.config_for(K, Ns[0], b))
+    for k in (kg, kd):
+        assert "cp.async.bulk.prefetch.L2" in open(k.files["kernel.ptx"]).read()
+
+    def body():
+        torch.mul(src, 2.0, out=x)
+        kg(x, *ws, *ys)
+        kd(ys[0], wd, h)
+        kg(h, *ws, *zs)
+    body()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    for _ in range(3):
+        src.copy_(bf(M, K))
+        for t in [x, h] + ys + zs:
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for y, z, w in zip(ys, zs, ws):
+            assert rel(y, (src.double() * 2) @ w.double().t()) < 1e-2
+            assert rel(z, h.double() @ w.double().t()) < 1e-2
+        assert rel(h, ys[0].double() @ wd.double().t()) < 1e-2
