@@ -170,12 +170,42 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[d
 PF_CHUNK = 8192
 
 
+# the PDL chain's weight prefetch (render.weight_prefetch): chunk size and how many CTAs issue the chunks (the
+# first ones, resident while the predecessor runs; one chunk per thread, spread so each SM's copy engine takes part)
+WPF_CHUNK = 16 * 1024
+WPF_CTAS = 128
+
+
+def weight_prefetch_params(tensors, K: int, budget: int, ctas: int, threads: int) -> dict:
+    """Template params for the chain's weight prefetch of the first `budget` bytes of `tensors` [(name, rows)], in
+    the order the CTAs read them, issued by the first min(WPF_CTAS, ctas) CTAs of `threads` threads (one chunk per
+    thread at most); {} when off (sources and cache keys without it unchanged)."""
+    if not budget or not pdl_chain():
+        return {}
+    issuers = min(WPF_CTAS, ctas)
+    budget = min(budget, issuers * threads * WPF_CHUNK)
+    spec, c0 = [], 0
+    for name, rows in tensors:
+        nb = min(rows * K * 2, budget - c0 * WPF_CHUNK)
+        if nb <= 0:
+            break
+        nc = -(-nb // WPF_CHUNK)
+        spec.append((name, c0, nc, nb))
+        c0 += nc
+    return dict(WPF=spec, WPF_CTAS=issuers, WPF_CHUNK=WPF_CHUNK)
+
+
+def _grid(params: dict, variant: str, situ: bool = False) -> tuple[int, int]:
+    """(CTAs, threads per CTA) of a rendered GEMV, as its template launches it."""
+    if variant == "mma":
+        bn = 16 * params["RT"] * params["WN"]
+        return -(-params["N"] // bn), 32 * params["W"] * params["WN"]
+    return (params["N"] // 2 if situ else params["N"]) // params["R"], 32 * params["W"]
+
+
 def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     # PDL / PF_CHUNK are passed only with pdl=1 (the templates default PDL to off): see the module docstring
     pdl = dict(PDL=True, PF_CHUNK=PF_CHUNK) if cfg.get("pdl") else {}
-    wpf = _prefetch_key()
-    if wpf:     # the chain's weight prefetch (render.weight_prefetch) is the pdl=1 prologue, optionally first CTAs only
-        pdl = dict(PDL=True, PF_CHUNK=PF_CHUNK, **({"PF_CTAS": wpf} if wpf > 1 else {}))
     if cfg["variant"] == "mma":
         S, W, U, KB = K // 32, cfg["W"], cfg["U"], int(cfg.get("KB", 0))
         return dict(N=N, K=K, BM=bucket, W=W, U=U, WN=cfg.get("WN", 1), RT=cfg.get("RT", 1), NT=max(1, bucket // 8),
@@ -233,6 +263,9 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
         raise ValueError(why)
     template = f"gemv_{cfg['variant']}.py.jinja"
     params = template_params(N, K, bucket, cfg)
+    if not cfg.get("pdl"):
+        params.update(weight_prefetch_params([("mW", N)], K, weight_prefetch(),
+                                             *_grid(params, cfg["variant"], fusion["act"] == "situ")))
     if fused:
         params.update(NORM=bool(fusion["norm"]), XF32=bool(fusion["x_fp32"]), EPS=repr(float(fusion["eps"])),
                       ACT=fusion["act"], BETA=repr(float(fusion["beta"])), LBETA=repr(float(fusion["lbeta"])))
@@ -396,6 +429,8 @@ def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None) -> 
         group.append(dict(N=n, T0=t0, T=t))
         t0 += t
     params.update(GROUP=group, GPRED=any(n % tile for n in Ns))
+    params.update(weight_prefetch_params([(f"mW{i}", n) for i, n in enumerate(Ns)], K, weight_prefetch(),
+                                         t0, _grid(params, cfg["variant"])[1]))
     if cfg["variant"] == "mma":
         params["PRED_N"] = False     # per-member row predication (GPRED) instead
     return template, render(template, **params), cfg

@@ -39,19 +39,16 @@ def pdl_chain() -> bool:
 
 
 def weight_prefetch() -> int:
-    """Under the PDL chain, GEMV CTAs issue an L2 bulk prefetch of their weight rows before griddepcontrol.wait
-    (weights are parameters: no earlier kernel of the step writes them), so a GEMV that becomes resident while a
-    latency-bound predecessor runs (mix-norm, kda_decode, top-k: one to six CTAs) streams weights meanwhile.
-    K3FUSE_WEIGHT_PREFETCH: 0 = off (default until measured), 1 = every CTA, N > 1 = only the first N CTAs
-    (later waves start after the predecessor is done, where the prefetch only adds instructions). Read at
-    render time, like pdl_chain()."""
+    """Bytes of weights each GEMV (plain or grouped) L2-prefetches before the PDL chain's griddepcontrol.wait, so
+    that a GEMV resident while a latency-bound predecessor runs (mix-norm, kda_decode, top-k: one to six CTAs)
+    streams weights meanwhile; weights are parameters, which no kernel of the step writes.
+    K3FUSE_WEIGHT_PREFETCH = MB (0 = off, the default until measured). Read at render time, like pdl_chain()."""
     v = os.environ.get("K3FUSE_WEIGHT_PREFETCH", "0").strip()
     try:
-        n = int(v)
+        mb = float(v)
     except ValueError:
-        raise ValueError(f"K3FUSE_WEIGHT_PREFETCH must be an integer (0 off, 1 every CTA, N the first N CTAs), "
-                         f"not {v!r}") from None
-    return max(n, 0)
+        raise ValueError(f"K3FUSE_WEIGHT_PREFETCH must be a number of MB (0 = off), not {v!r}") from None
+    return max(int(mb * 2**20), 0)
 
 
 def render(template: str, **params: Any) -> str:

@@ -384,34 +384,40 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
             assert wait >= 0 and (not mem or wait < min(mem)), name
 
 
-# K3FUSE_WEIGHT_PREFETCH under the PDL chain: the pdl=1 prologue on every GEMV the layer launches, grouped ones
-# too (each member's last CTA clamped to its rows), on all CTAs (1) or only the first N
+# K3FUSE_WEIGHT_PREFETCH (MB) under the PDL chain: the first MB of the GEMV's weights (plain or grouped, in CTA
+# order, across members) L2-prefetched before griddepcontrol.wait
 WPF_CASES = [("plain", [768], 7168, 1, {"variant": "simt", "R": 1, "W": 8}),
              ("group", [768, 16, 1536], 7168, 1, {"variant": "simt", "R": 2, "W": 8}),
              ("group", [768, 8, 1536], 7168, 4, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}),
              ("plain", [7168], 768, 2, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1})]
 
 
-@pytest.mark.parametrize("wpf", ["1", "528"])
+@pytest.mark.parametrize("mb", ["2", "64"])
 @pytest.mark.parametrize("kind,Ns,K,b,cfg", WPF_CASES)
-def test_weight_prefetch_knob(kind, Ns, K, b, cfg, wpf, monkeypatch):
+def test_weight_prefetch_knob(kind, Ns, K, b, cfg, mb, monkeypatch):
     from k3fuse.codegen import compile as kcompile
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
 
-    def src():
+    def params():
         if kind == "group":
-            return gemv.render_group_source(Ns, K, b, cfg)[1]
-        return gemv.render_source(Ns[0], K, b, cfg)[1]
+            src = gemv.render_group_source(Ns, K, b, cfg)[1]
+        else:
+            src = gemv.render_source(Ns[0], K, b, cfg)[1]
+        return src, src.split("\n")[1]
     monkeypatch.setenv("K3FUSE_WEIGHT_PREFETCH", "0")
-    off = src()
+    off, _ = params()
     assert "cp_async_bulk_prefetch" not in off and "griddepcontrol_wait" in off
-    monkeypatch.setenv("K3FUSE_WEIGHT_PREFETCH", wpf)
-    on = src()
-    assert ("PF_CTAS = 528" in on) == (wpf == "528") and on.count("use_pdl=True") == 1
-    if kind == "group":
-        assert "ni - bidx" in on       # a member's last CTA prefetches only its own rows
+    monkeypatch.setenv("K3FUSE_WEIGHT_PREFETCH", mb)
+    on, header = params()
+    spec = eval(header.split("WPF=")[1].split(", WPF_CHUNK")[0])     # [(tensor, first chunk, chunks, bytes)]
+    total = sum(nb for *_, nb in spec)
+    # the budget in CTA order: whole members first, the last one cut; chunk ranges contiguous from 0
+    assert total == min(float(mb) * 2**20, sum(Ns) * K * 2)
+    assert [c0 for _, c0, _, _ in spec] == [sum(nc for _, _, nc, _ in spec[:i]) for i in range(len(spec))]
+    assert all(nb == n * K * 2 for (_, _, _, nb), n in zip(spec[:-1], Ns))
+    assert on.count("use_pdl=True") == 1 and on.count("cp_async_bulk_prefetch(") == len(spec)
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")
-    assert "cp_async_bulk_prefetch" not in src()   # without the chain the knob does nothing
+    assert "cp_async_bulk_prefetch" not in params()[0]   # without the chain the knob does nothing
     ptx = open(kcompile.compile_source(on, "sm_90a", load=False).files["kernel.ptx"]).read()
     pf, wait = ptx.find("cp.async.bulk.prefetch.L2.global"), ptx.find("griddepcontrol.wait")
     assert 0 <= pf < wait and "ld.global" not in ptx[:wait]
@@ -423,3 +429,5 @@ def test_weight_prefetch_knob_rejects_junk(monkeypatch):
     monkeypatch.setenv("K3FUSE_WEIGHT_PREFETCH", "yes")
     with pytest.raises(ValueError, match="K3FUSE_WEIGHT_PREFETCH"):
         weight_prefetch()
+    monkeypatch.setenv("K3FUSE_WEIGHT_PREFETCH", "1.5")
+    assert weight_prefetch() == 3 * 2**19
