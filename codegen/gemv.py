@@ -19,7 +19,7 @@ from typing import Optional
 
 from . import tuning
 from .buckets import bucket_for
-from .render import pdl_chain, render, weight_prefetch
+from .render import render
 
 log = logging.getLogger("k3fuse.codegen")
 
@@ -170,39 +170,6 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[d
 PF_CHUNK = 8192
 
 
-# the PDL chain's weight prefetch (render.weight_prefetch): chunk size and how many CTAs issue the chunks (the
-# first ones, resident while the predecessor runs; one chunk per thread, spread so each SM's copy engine takes part)
-WPF_CHUNK = 16 * 1024
-WPF_CTAS = 128
-
-
-def weight_prefetch_params(tensors, K: int, budget: int, ctas: int, threads: int) -> dict:
-    """Template params for the chain's weight prefetch of the first `budget` bytes of `tensors` [(name, rows)], in
-    the order the CTAs read them, issued by the first min(WPF_CTAS, ctas) CTAs of `threads` threads (one chunk per
-    thread at most); {} when off (sources and cache keys without it unchanged)."""
-    if not budget or not pdl_chain():
-        return {}
-    issuers = min(WPF_CTAS, ctas)
-    budget = min(budget, issuers * threads * WPF_CHUNK)
-    spec, c0 = [], 0
-    for name, rows in tensors:
-        nb = min(rows * K * 2, budget - c0 * WPF_CHUNK)
-        if nb <= 0:
-            break
-        nc = -(-nb // WPF_CHUNK)
-        spec.append((name, c0, nc, nb))
-        c0 += nc
-    return dict(WPF=spec, WPF_CTAS=issuers, WPF_CHUNK=WPF_CHUNK)
-
-
-def _grid(params: dict, variant: str, situ: bool = False) -> tuple[int, int]:
-    """(CTAs, threads per CTA) of a rendered GEMV, as its template launches it."""
-    if variant == "mma":
-        bn = 16 * params["RT"] * params["WN"]
-        return -(-params["N"] // bn), 32 * params["W"] * params["WN"]
-    return (params["N"] // 2 if situ else params["N"]) // params["R"], 32 * params["W"]
-
-
 def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     # PDL / PF_CHUNK are passed only with pdl=1 (the templates default PDL to off): see the module docstring
     pdl = dict(PDL=True, PF_CHUNK=PF_CHUNK) if cfg.get("pdl") else {}
@@ -263,9 +230,6 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
         raise ValueError(why)
     template = f"gemv_{cfg['variant']}.py.jinja"
     params = template_params(N, K, bucket, cfg)
-    if not cfg.get("pdl"):
-        params.update(weight_prefetch_params([("mW", N)], K, weight_prefetch(),
-                                             *_grid(params, cfg["variant"], fusion["act"] == "situ")))
     if fused:
         params.update(NORM=bool(fusion["norm"]), XF32=bool(fusion["x_fp32"]), EPS=repr(float(fusion["eps"])),
                       ACT=fusion["act"], BETA=repr(float(fusion["beta"])), LBETA=repr(float(fusion["lbeta"])))
@@ -277,20 +241,13 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
 _built: dict = {}
 
 
-def _prefetch_key() -> int:
-    """The weight-prefetch knob as it renders (0 without the PDL chain): part of the memo keys, so that a process
-    that changes K3FUSE_WEIGHT_PREFETCH gets the kernels it asks for."""
-    return weight_prefetch() if pdl_chain() else 0
-
-
 def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optional[str] = None, load: bool = True,
           fusion: Optional[dict] = None):
     """Compiled kernel for (shape, bucket, config, fusion, arch); memoised so repeated calls skip rendering and
     hashing (the compile/disk-cache layer below is keyed by the rendered source)."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load,
-            _prefetch_key())
+    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load)
     k = _built.get(memo)
     if k is not None:
         return k
@@ -429,8 +386,6 @@ def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None) -> 
         group.append(dict(N=n, T0=t0, T=t))
         t0 += t
     params.update(GROUP=group, GPRED=any(n % tile for n in Ns))
-    params.update(weight_prefetch_params([(f"mW{i}", n) for i, n in enumerate(Ns)], K, weight_prefetch(),
-                                         t0, _grid(params, cfg["variant"])[1]))
     if cfg["variant"] == "mma":
         params["PRED_N"] = False     # per-member row predication (GPRED) instead
     return template, render(template, **params), cfg
@@ -440,7 +395,7 @@ def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optio
                 load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, _prefetch_key())
+    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load)
     k = _built.get(memo)
     if k is not None:
         return k

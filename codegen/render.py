@@ -38,19 +38,6 @@ def pdl_chain() -> bool:
     return os.environ.get("K3FUSE_PDL_CHAIN", "1") != "0"
 
 
-def weight_prefetch() -> int:
-    """Bytes of weights each GEMV (plain or grouped) L2-prefetches before the PDL chain's griddepcontrol.wait, so
-    that a GEMV resident while a latency-bound predecessor runs (mix-norm, kda_decode, top-k: one to six CTAs)
-    streams weights meanwhile; weights are parameters, which no kernel of the step writes.
-    K3FUSE_WEIGHT_PREFETCH = MB (0 = off, the default until measured). Read at render time, like pdl_chain()."""
-    v = os.environ.get("K3FUSE_WEIGHT_PREFETCH", "0").strip()
-    try:
-        mb = float(v)
-    except ValueError:
-        raise ValueError(f"K3FUSE_WEIGHT_PREFETCH must be a number of MB (0 = off), not {v!r}") from None
-    return max(int(mb * 2**20), 0)
-
-
 def render(template: str, **params: Any) -> str:
     """Render one template to CuTe DSL Python source. `params` are the static values baked into the kernel."""
     if not template.endswith(".py.jinja"):
