@@ -239,3 +239,44 @@ def test_rms_norm_linear_op(M, N, K):
     h = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)) * nw.double()
     assert y.shape == (M, N) and y.dtype == torch.bfloat16
     assert rel(y, h @ w.double().t()) < 1e-2
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 8])
+@pytest.mark.parametrize("N,K", [(7168, 384), (7168, 768)])
+def test_gemv_situ_x_prologue_matches_reference(N, K, M):
+    """GEMV with the SiTU-GLU prologue (x = [gate | up]) == k3fuse::situ_glu then the GEMV, for the tabled config
+    and both variants; outputs poisoned."""
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    b = bucket_for(M)
+    cfgs = [gemv.config_for(N, K, b), {"variant": "simt", "R": 2, "W": 1},
+            {"variant": "mma", "W": 4, "U": 2, "WN": 1, "RT": 1, "KB": 1}]
+    for cfg in {str(c): c for c in cfgs}.values():
+        gu, w = bf(M, 2 * K, scale=3.0), bf(N, K, scale=K ** -0.5)
+        y = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemv.linear(gu, w, cfg, out=y, x_situ=(4.0, 25.0))
+        x = ops.situ_glu._init_fn(gu, 4.0, 25.0)
+        assert rel(y, x.double() @ w.double().t()) < 1e-2, cfg
+
+
+@pytest.mark.parametrize("M", [1, 8, 64])
+def test_fused_residual_norm_situ_prologue_op(M):
+    """The registered op with situ_beta: the GEMV prologue at M <= 8 (cuBLAS / M > 8 fall back to situ_glu first),
+    against the op's reference; outputs of the kernel path compared to the split path too."""
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    registry.register()
+    H, K, nb = 7168, 384, 2
+    gu, w_o = bf(M, 2 * K, scale=3.0), bf(H, K, scale=K ** -0.5)
+    a, p = bf(M, H), bf(M, H)
+    blocks_buf = bf(M, 8, H)
+    blocks = [blocks_buf[:, i] for i in range(nb)]
+    w_mix = torch.randn(H, device="cuda") * 0.05
+    norm_w = bf(H, scale=0.5) + 1
+    args = (w_o, a, p, blocks, w_mix, norm_w, 1e-5, 1e-5, "", True)
+    got = torch.ops.k3fuse.fused_residual_norm(gu, *args, situ_beta=4.0, situ_lbeta=25.0)
+    want = ops.fused_residual_norm._init_fn(gu, *args, situ_beta=4.0, situ_lbeta=25.0)
+    split = torch.ops.k3fuse.fused_residual_norm(ops.situ_glu._init_fn(gu, 4.0, 25.0), *args)
+    for g_, w_, s_ in zip(got, want, split):
+        assert rel(g_, w_) < 1e-2 and rel(g_, s_) < 1e-2
