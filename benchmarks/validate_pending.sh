@@ -2,9 +2,10 @@
 # What has not run on a GPU yet, for one device call each on an nvidia-h200 (each part < 10 minutes):
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh ab      # layer / GEMV A/Bs of the opt-in knobs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh tests   # GPU suite + compute-sanitizer
-# Session 7: K3FUSE_WEIGHT_PREFETCH (MB of each GEMV's weights L2-prefetched before the chain's wait), the
-# micro-benchmark (top-k -> GEMV) and the layer A/B, arms interleaved inside the call. Logs go to /tmp/k3v and come
-# back as one tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step.
+# Session 7 (ab): the SiTU-GLU prologue of the down projections (pass fuse_situ_glu_into_down_proj): its GPU tests
+# and memcheck, the PDL residency probe (benchmarks/pdl_probe.py), and the layer A/B with / without the pass, arms
+# interleaved twice. Logs go to /tmp/k3v and come back as one tarball ($OUT takes at most 8 files);
+# $OUT/summary.txt grows after every step.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
 S="$OUT/summary.txt"
 part=${1:-ab}
@@ -21,17 +22,20 @@ for f in sorted(glob.glob(os.path.join(sys.argv[1], "layer_bench_*.json"))):
 PY
 }
 if [ "$part" = ab ]; then
-    timeout 100 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py -k "weight_prefetch" \
-        > "$L/log_tests_ab.txt" 2>&1
-    echo "tests (weight prefetch) rc=$? $(tail -1 "$L/log_tests_ab.txt")" | tee -a "$S"
-    timeout 150 python3 benchmarks/weight_prefetch_bench.py --out "$L" --mbs 0,8,16,32 --ms 1,8 > "$L/wpf_bench.txt" 2>&1
-    echo "weight_prefetch_bench rc=$?" | tee -a "$S"
-    sed -n '/^shape/,$p' "$L/wpf_bench.txt" | tee -a "$S"
-    for a in wpf0_1 wpf8_1 wpf24_1 wpf0_2 wpf8_2 wpf24_2; do
-        w=${a#wpf}; w=${w%%_*}
-        K3FUSE_WEIGHT_PREFETCH=$w timeout 80 python3 benchmarks/layer_bench.py --out "$L" \
-            --kinds kda,mla --tp 16 --ms 1 --skip inductor --top 16 --tag "_$a" > "$L/lb_$a.txt" 2>&1
-        echo "layer $a rc=$? $(grep -E '^(kda|mla) +16 +1 ' "$L/lb_$a.txt" | tr -s ' ' | tr '\n' '|')" | tee -a "$S"
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_runtime_gpu.py \
+        -k "situ or fused_residual or graph" > "$L/log_tests_ab.txt" 2>&1
+    echo "tests (situ prologue, fused_residual_norm, graphs) rc=$? $(tail -1 "$L/log_tests_ab.txt")" | tee -a "$S"
+    grep -E "^FAILED|^ERROR" "$L/log_tests_ab.txt" | head -5 | tee -a "$S"
+    timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
+        python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py -k "situ" > "$L/log_sanitizer_ab.txt" 2>&1
+    echo "sanitizer (situ prologue) rc=$? $(grep -E 'ERROR SUMMARY|passed|failed' "$L/log_sanitizer_ab.txt" | tr '\n' ' ')" | tee -a "$S"
+    timeout 40 python3 benchmarks/pdl_probe.py > "$L/pdl_probe.txt" 2>&1
+    echo "pdl_probe rc=$?" | tee -a "$S"; cat "$L/pdl_probe.txt" | tee -a "$S"
+    for a in on_1 off_1 on_2 off_2; do
+        wo=""; [ "${a%_*}" = off ] && wo="--without-passes fuse_situ_glu_into_down_proj"
+        timeout 90 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --skip inductor \
+            --top 16 --tag "_situ_$a" $wo > "$L/lb_$a.txt" 2>&1
+        echo "layer situ prologue $a rc=$? $(grep -E '^(kda|mla) +16 +(1|8) ' "$L/lb_$a.txt" | tr -s ' ' | tr '\n' '|')" | tee -a "$S"
     done
     summarize
     tar czf "$OUT/logs_ab.tgz" -C "$L" .
