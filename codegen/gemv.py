@@ -243,6 +243,9 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
         params["YF32"] = True
     if fusion["x_situ"]:
         params.update(XSITU=True, XBETA=repr(float(fusion["beta"])), XLBETA=repr(float(fusion["lbeta"])))
+        import os   # A/B knob (session 7): MUFU tanh.approx / ex2.approx in the prologue
+        if os.environ.get("K3FUSE_SITU_X_APPROX", "0") == "1":
+            params["XAPPROX"] = True
     return template, render(template, **params), cfg
 
 
