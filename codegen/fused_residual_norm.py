@@ -119,35 +119,16 @@ def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_n
     return out, new_prefix
 
 
-def situ_prologue_reason(o, w_o) -> Optional[str]:
-    """None if the o_proj / down_proj GEMV can take o = [gate | up] with its SiTU-GLU prologue (op argument
-    situ_beta; the generated GEMV, simt or mma, where gemv.route has one), else why not."""
-    import torch
-    from . import gemv
-    if o.dim() != 2 or w_o.dim() != 2 or o.shape[1] != 2 * w_o.shape[1]:
-        return "o is not [M, 2K] for w_o [N, K]"
-    if o.dtype != torch.bfloat16 or w_o.dtype != torch.bfloat16:
-        return "SiTU-GLU prologue needs bf16 o and w_o"
-    if not (o.is_contiguous() and w_o.is_contiguous() and o.data_ptr() % 16 == 0 and w_o.data_ptr() % 16 == 0):
-        return "o / w_o not contiguous and 16-byte aligned"
-    cfg, why = gemv.route(w_o.shape[0], w_o.shape[1], o.shape[0])
-    return why if cfg is None else None
-
-
 def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm,
-                        out=None, new_prefix=None, addend_partial=False, w_mix_scale=None, x_situ=None):
+                        out=None, new_prefix=None, addend_partial=False, w_mix_scale=None):
     """CUDA implementation of k3fuse::fused_residual_norm (same signature). Caller checked launch_ok().
     With a group this is GEMV + NCCL all-reduce + the mix-norm kernel (the in-kernel all-reduce is
-    mixnorm_allreduce.py); addend_partial: this rank's share of the addend joins y before the reduction.
-    x_situ = (beta, lbeta): o is [gate | up] and the GEMV applies SiTU-GLU as its prologue (caller checked
-    situ_prologue_reason())."""
+    mixnorm_allreduce.py); addend_partial: this rank's share of the addend joins y before the reduction."""
     import torch
     from . import gemv
     M = o.shape[0]
     cfg, _ = gemv.route(w_o.shape[0], w_o.shape[1], M)
-    if x_situ is not None:
-        y = gemv.linear(o, w_o, cfg, x_situ=x_situ)
-    elif cfg is not None and o.is_contiguous() and w_o.is_contiguous() and o.data_ptr() % 16 == 0 \
+    if cfg is not None and o.is_contiguous() and w_o.is_contiguous() and o.data_ptr() % 16 == 0 \
             and w_o.data_ptr() % 16 == 0:
         y = gemv.linear(o, w_o, cfg)
     else:

@@ -189,17 +189,11 @@ def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
 #   norm: RMSNorm prologue (k3fuse::rms_norm(x, norm_w, eps, bf16) feeding the GEMV; x bf16 or fp32)
 #   act = "situ": SiTU-GLU epilogue over [gate; up] weight rows (k3fuse::situ_glu of the GEMV output)
 # Only the simt variant has them so far (the buckets where it is the fastest kernel: M <= 4 on the H200).
-#   x_situ: SiTU-GLU prologue: x is [M, 2K] = [gate | up], the GEMV reads bf16(situ(gate, up)) (k3fuse::situ_glu
-#   feeding the GEMV; pass fuse_situ_glu_into_down_proj); beta / lbeta as for act. simt and mma.
 NO_FUSION = {"norm": False, "eps": 1e-5, "x_fp32": False, "act": "none", "beta": 4.0, "lbeta": 25.0,
-             "y_fp32": False, "x_situ": False}
+             "y_fp32": False}
 
 
 def fusion_supports(N: int, K: int, bucket: int, cfg: dict, fusion: dict) -> Optional[str]:
-    if fusion.get("x_situ"):
-        if fusion.get("norm") or fusion.get("act", "none") != "none" or fusion.get("x_fp32") or fusion.get("y_fp32"):
-            return "the SiTU-GLU x prologue is generated alone (no norm prologue, epilogue or fp32 x / y)"
-        return None
     if not (fusion.get("norm") or fusion.get("act", "none") != "none" or fusion.get("y_fp32")):
         return None
     if cfg["variant"] != "simt":
@@ -229,7 +223,7 @@ def default_fused_config(N: int, K: int, bucket: int, fusion: dict) -> dict:
 def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
                   fusion: Optional[dict] = None) -> tuple[str, str, dict]:
     fusion = dict(NO_FUSION, **(fusion or {}))
-    fused = fusion["norm"] or fusion["act"] != "none"      # x_situ keeps the plain GEMV's tuned config
+    fused = fusion["norm"] or fusion["act"] != "none"
     cfg = _clean(cfg or (default_fused_config(N, K, bucket, fusion) if fused else default_config(N, K, bucket)))
     why = supports(N, K, bucket, cfg) or fusion_supports(N, K, bucket, cfg, fusion)
     if why:
@@ -241,11 +235,6 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
                       ACT=fusion["act"], BETA=repr(float(fusion["beta"])), LBETA=repr(float(fusion["lbeta"])))
     if fusion["y_fp32"]:
         params["YF32"] = True
-    if fusion["x_situ"]:
-        params.update(XSITU=True, XBETA=repr(float(fusion["beta"])), XLBETA=repr(float(fusion["lbeta"])))
-        import os   # A/B knob (session 7): MUFU tanh.approx / ex2.approx in the prologue
-        if os.environ.get("K3FUSE_SITU_X_APPROX", "0") == "1":
-            params["XAPPROX"] = True
     return template, render(template, **params), cfg
 
 
@@ -323,16 +312,13 @@ def fp32_out_supports(N: int, K: int, bucket: int) -> Optional[str]:
     return supports(N, K, bucket, _fp32_out_config(N, K, bucket))
 
 
-def linear(x, w, cfg: Optional[dict] = None, out=None, x_situ: Optional[tuple[float, float]] = None):
-    """Launch the GEMV on the current stream. x [M, K] bf16 contiguous, w [N, K] bf16 contiguous, M <= 64.
-    x_situ = (beta, lbeta): x is [M, 2K] = [gate | up] and the GEMV reads bf16(situ(gate, up)) (one launch for
-    k3fuse::situ_glu + k3fuse::linear)."""
+def linear(x, w, cfg: Optional[dict] = None, out=None):
+    """Launch the GEMV on the current stream. x [M, K] bf16 contiguous, w [N, K] bf16 contiguous, M <= 64."""
     import torch
-    M = x.shape[0]
-    N, K = w.shape
+    M, K = x.shape
+    N = w.shape[0]
     bucket = bucket_for(M)
-    fusion = None if x_situ is None else dict(x_situ=True, beta=float(x_situ[0]), lbeta=float(x_situ[1]))
-    k = build(N, K, bucket, cfg or config_for(N, K, bucket), fusion=fusion)
+    k = build(N, K, bucket, cfg or config_for(N, K, bucket))
     y = out if out is not None else torch.empty(M, N, dtype=x.dtype, device=x.device)
     k(x, w, y)
     return y

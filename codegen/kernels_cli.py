@@ -119,20 +119,6 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             jobs.append(dict(family="gemv", op="k3fuse::rms_norm_linear", uses=[name], shape=dict(N=N, K=K),
                              bucket=b, config=gemv.default_fused_config(N, K, b, fusion), fusion=fusion,
                              name=f"gemv_norm_{N}x{K}_b{b}"))
-    # pass fuse_situ_glu_into_down_proj: the down projections that read the SiTU-GLU of their gate_up (the shared
-    # expert at TP = 1, under TP it is on the side stream; the dense layer 0 MLP), where gemv.route has a kernel
-    for name in ("shared.down", "dense.down") if tp == 1 else ("dense.down",):
-        N, K = shapes[name]
-        for b in buckets:
-            routed, why_not = gemv.route(N, K, b, gpu=_gpu_for(arch))
-            if routed is None:
-                skipped.append(dict(op="k3fuse::fused_residual_norm", name=name + " (SiTU-GLU prologue)",
-                                    shape=dict(N=N, K=K), bucket=b, reason=why_not))
-                continue
-            fusion = dict(x_situ=True, beta=cfg.activation_situ_beta, lbeta=cfg.activation_situ_linear_beta)
-            jobs.append(dict(family="gemv", op="k3fuse::fused_residual_norm", part="GEMV with SiTU-GLU prologue",
-                             uses=[name], shape=dict(N=N, K=K), bucket=b, config=routed, fusion=fusion,
-                             name=f"gemv_situx_{routed['variant']}_{N}x{K}_b{b}"))
     H = cfg.hidden_size
     nb_max = min(cfg.num_attn_res_blocks, frn.MAX_BLOCKS)   # a mix sees up to ceil(l / B) blocks
     for addend in (False, True):

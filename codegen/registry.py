@@ -165,16 +165,11 @@ def linear_group_cuda(x, weights):
 
 # ------------------------------------------------------------------------------------- fused_residual_norm
 def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
-                             fp32_norm, addend_partial=False, w_mix_scale=None, situ_beta=None, situ_lbeta=25.0):
+                             fp32_norm, addend_partial=False, w_mix_scale=None):
     from . import fused_residual_norm as frn
     from .prefetch import join_pending
     op = "k3fuse::fused_residual_norm"
     M = o.shape[0]
-    situ = None if situ_beta is None else (float(situ_beta), float(situ_lbeta))
-    if situ is not None and (group_name or M > MAX_M or frn.situ_prologue_reason(o, w_o) is not None):
-        # the GEMV's SiTU-GLU prologue does not apply here: the situ_glu reference first, as the unfused graph
-        from k3fuse import ops
-        o, situ = ops._situ(o, *situ).to(o.dtype), None
     if w_mix_scale is not None and not frn.pair_ok(w_mix, w_mix_scale, w_o.shape[0]):
         w_mix, w_mix_scale = w_mix.float() * w_mix_scale.float(), None     # the kernel takes the product
     if group_name:
@@ -200,11 +195,10 @@ def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_
     if reason is not None:
         log_fallback(op, reason)
         return _ref("fused_residual_norm")(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps,
-                                           group_name, fp32_norm, addend_partial, w_mix_scale,
-                                           *(situ if situ is not None else ()))
+                                           group_name, fp32_norm, addend_partial, w_mix_scale)
     join_pending()
     return frn.fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
-                                   fp32_norm, addend_partial=addend_partial, w_mix_scale=w_mix_scale, x_situ=situ)
+                                   fp32_norm, addend_partial=addend_partial, w_mix_scale=w_mix_scale)
 
 
 # ------------------------------------------------------------------------------------------------ all_gather

@@ -298,12 +298,9 @@ def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[tor
                         prefix: Optional[torch.Tensor], blocks: list[torch.Tensor], w_mix: torch.Tensor,
                         norm_w: Optional[torch.Tensor], mix_eps: float, norm_eps: float, group_name: str,
                         fp32_norm: bool, addend_partial: bool = False,
-                        w_mix_scale: Optional[torch.Tensor] = None, situ_beta: Optional[float] = None,
-                        situ_lbeta: float = 25.0) -> tuple[torch.Tensor, torch.Tensor]:
+                        w_mix_scale: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The attention-output / MLP-output fusion of K3 (pass `fuse_attn_out_allreduce_attnres_norm`):
 
-        o = bf16(situ_glu(o; situ_beta, situ_lbeta))   if situ_beta is given (pass fuse_situ_glu_into_down_proj:
-                                                   o is the MLP's gate_up activation [M, 2K], the GEMV's prologue)
         y = bf16(o @ w_o^T)                        row-parallel projection (o_proj, MLP down_proj)
         y = all_reduce(y)                          if group_name (absent at TP = 1)
         y = y + addend                             if addend (the MoE's routed output, already complete; with
@@ -318,8 +315,6 @@ def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[tor
     Returns (normed, new_prefix). At a block boundary new_prefix is also the new block snapshot.
     """
     dt = o.dtype
-    if situ_beta is not None:
-        o = _situ(o, situ_beta, situ_lbeta).to(dt)
     y = (o.float() @ w_o.float().t()).to(dt)
     if addend is not None and addend_partial:
         y = addend + y
@@ -339,7 +334,7 @@ def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[tor
 
 @fused_residual_norm.register_fake
 def _(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm, addend_partial=False,
-      w_mix_scale=None, situ_beta=None, situ_lbeta=25.0):
+      w_mix_scale=None):
     M, N = o.shape[0], w_o.shape[0]
     normed = o.new_empty(M, N, dtype=o.dtype if norm_w is not None else torch.float32)
     return normed, o.new_empty(M, N)

@@ -382,32 +382,3 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
             wait = entry.find("griddepcontrol.wait")
             mem = [m.start() for m in re.finditer(r"\b(?:ld|st)\.global", entry)]
             assert wait >= 0 and (not mem or wait < min(mem)), name
-
-
-# the SiTU-GLU x prologue (pass fuse_situ_glu_into_down_proj): K3's shared-expert down projections at TP16 / TP8 /
-# TP1 and a dense one, both variants; x is [M, 2K] and still read with 128-bit loads only
-SITU_X_CASES = [(7168, 384, 1, {"variant": "simt", "R": 4, "W": 1}),
-                (7168, 384, 8, {"variant": "mma", "W": 4, "U": 2, "WN": 1, "RT": 1, "KB": 1}),
-                (7168, 768, 2, {"variant": "simt", "R": 2, "W": 2}),
-                (7168, 6144, 4, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1})]
-
-
-@pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("N,K,b,cfg", SITU_X_CASES)
-def test_gemv_situ_x_prologue_compiles(arch, N, K, b, cfg):
-    fusion = dict(x_situ=True, beta=4.0, lbeta=25.0)
-    _, src, _ = gemv.render_source(N, K, b, cfg, fusion)
-    _, plain, _ = gemv.render_source(N, K, b, cfg)
-    assert "XSITU" not in plain and "2 * K" in src and "cute.math.tanh" in src
-    k = gemv.build(N, K, b, cfg, arch=arch, load=False, fusion=fusion)
-    ptx = ptx_of(k)
-    loads = global_loads(ptx)
-    assert loads and all(is_128bit(l) for l in loads), f"non-128-bit global loads: {loads}"
-    assert "ld.local" not in ptx and "st.local" not in ptx
-    assert "tanh" in ptx or "ex2" in ptx
-
-
-def test_gemv_situ_x_prologue_rejects_other_fusions():
-    with pytest.raises(ValueError, match="SiTU-GLU x prologue"):
-        gemv.render_source(7168, 384, 1, {"variant": "simt", "R": 4, "W": 1},
-                           dict(x_situ=True, norm=True))

@@ -73,16 +73,14 @@ def test_canonicalize_ops(tiny_tp1):
     # gate_up, TP = 1)
     n_kda = L - n_mla
     n_grouped = 6 * n_kda + 3 * n_mla + 2 * n_moe
-    #   then the routed_expert_norm (MoE) and q_a_layernorm (MLA) went into their GEMV (rms_norm_linear), and
-    #   every SiTU-GLU left (dense 1, shared expert 1 per MoE) into its down projection's fused_residual_norm
+    #   then the routed_expert_norm (MoE) and q_a_layernorm (MLA) went into their GEMV (rms_norm_linear)
     n_nl = n_moe + n_mla
     assert after == {"k3fuse.fused_residual_norm": 2 * L,
                      "k3fuse.linear": n_linear - 2 * L - n_grouped - n_kda - n_nl, "k3fuse.rms_norm_linear": n_nl,
                      "k3fuse.linear_group": n_kda + n_mla + n_moe,
                      "k3fuse.rms_norm": n_norm - 2 * L - n_kda - n_nl, "k3fuse.router_topk": n_moe,
-                     "k3fuse.kda_decode_": n_kda,
+                     "k3fuse.situ_glu": 1 + n_moe, "k3fuse.kda_decode_": n_kda,
                      "k3fuse.mla_attention": n_mla, "k3fuse.moe_experts": n_moe}
-    assert matches(s)["fuse_situ_glu_into_down_proj"] == 1 + n_moe
     assert matches(s)["fuse_kda_conv_gated_norm"] == n_kda
     assert matches(s)["write_kda_state_in_place"] == n_kda          # then writes its states in place
     assert err < 1e-4
@@ -219,8 +217,7 @@ def test_passes_tp_numerics_and_matches(tp_compiled, tp):
         assert ops["_c10d_functional.all_reduce"] == 1 + 5
         # the shared expert's gate_up + SiTU-GLU on a side stream, joined before the fused down_proj + all-reduce
         assert ops["k3fuse.side_linear_situ"] == 5 and ops["k3fuse.stream_join"] == 5
-        # the dense layer 0 MLP's SiTU-GLU went into its down projection (the one match under TP)
-        assert "k3fuse.situ_glu" not in ops and m["fuse_situ_glu_into_down_proj"] == 1
+        assert ops["k3fuse.situ_glu"] == 1                                   # the dense layer 0 MLP
         assert s["ops_before"]["_c10d_functional.all_reduce"] == 1 + 6 + 1 + 5 * 2
         # nodes the passes created carry fake values (the Inductor lowering traces from them)
         assert s["nodes_without_val"] == []
@@ -309,14 +306,11 @@ def test_k3_layout_match_counts():
     # KDA f_b: inside kda_decode; MLA q_b and MoE routed up: with their norm (rms_norm_linear)
     assert ops["k3fuse.linear"] == 1 + 1 and ops["k3fuse.rms_norm_linear"] == 24 + 92
     assert matches(s)["fuse_rms_norm_into_linear"] == 116
-    # the shared experts' (92) and the dense MLP's SiTU-GLU: prologues of their down projections
-    assert matches(s)["fuse_situ_glu_into_down_proj"] == 93 and "k3fuse.situ_glu" not in ops
 
 
 # ---------------------------------------------------------------------------------- fuse_shared_input_linears
 ALL_BUT_GROUPS = ("fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm", "split_moe_across_ranks",
-                  "fuse_rms_norm_into_linear", "fuse_situ_glu_into_down_proj", "insert_prefetch",
-                  "write_kda_state_in_place")
+                  "fuse_rms_norm_into_linear", "insert_prefetch", "write_kda_state_in_place")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
