@@ -348,7 +348,9 @@ def _layer_kernel_sources():
 
 def test_pdl_chain_knob_renders_wait_first(monkeypatch):
     """PDL chain on (the default, or K3FUSE_PDL_CHAIN=1): every layer kernel launches with use_pdl and its body
-    triggers and waits (griddepcontrol) before its first tensor access; K3FUSE_PDL_CHAIN=0: no griddepcontrol."""
+    waits (griddepcontrol) before its first tensor access; the GEMVs trigger their dependents after their main loop
+    (after the last weight load: _pdl_chain.jinja late_trigger), the other kernels before the wait, at their start;
+    K3FUSE_PDL_CHAIN=0: no griddepcontrol."""
     import re
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")
     off = _layer_kernel_sources()
@@ -364,7 +366,11 @@ def test_pdl_chain_knob_renders_wait_first(monkeypatch):
             body = body.split("@cute.jit")[0]
             trig, wait = body.find("griddepcontrol_launch_dependents()"), body.find("griddepcontrol_wait()")
             access = [m.start() for m in re.finditer(r"cute\.(?:autovec_)?copy\(|\bm[A-Z]\w*\[", body)]
-            assert 0 <= trig < wait < min(access), (name, body[:300])
+            if name.startswith("gemv"):
+                assert body.count("griddepcontrol_launch_dependents()") == 1
+                assert 0 <= wait < min(access) and trig > body.rfind("cute.copy(vec, gW"), (name, body[:300])
+            else:
+                assert 0 <= trig < wait < min(access), (name, body[:300])
         assert on[name].count("use_pdl=True") == len(bodies), name
 
 
@@ -382,3 +388,5 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
             wait = entry.find("griddepcontrol.wait")
             mem = [m.start() for m in re.finditer(r"\b(?:ld|st)\.global", entry)]
             assert wait >= 0 and (not mem or wait < min(mem)), name
+            if name.startswith("gemv"):     # the late trigger: after every weight / x load of the main loop
+                assert entry.rfind("ld.global") < entry.find("griddepcontrol.launch_dependents"), name
