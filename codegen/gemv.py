@@ -184,6 +184,29 @@ def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     return p
 
 
+# ------------------------------------------------------------------------------- weights via shared memory
+# K3FUSE_GEMV_WSMEM=1 (opt-in, session 7; compiled in CI, not yet run on a GPU): the simt GEMV's CTAs copy their
+# weight rows into shared memory with the copy engine (cp.async.bulk + mbarrier) BEFORE the PDL chain's
+# griddepcontrol.wait, so a GEMV whose CTAs are resident while a latency-bound kernel runs (benchmarks/pdl_probe.py:
+# inside a CUDA graph they are) streams its weights meanwhile; the L2 bulk-prefetch version of this idea measured no
+# gain (RESULTS.md session 7). Only where a CTA's rows fit in WSMEM_MAX_BYTES of shared memory (R = 1-2 rows at
+# K = 7168), so that enough CTAs stay resident.
+WSMEM_MAX_BYTES = 32 * 1024
+
+
+def weight_smem() -> bool:
+    """Read at render time (set it before the first kernel is built), like render.pdl_chain()."""
+    import os
+    return os.environ.get("K3FUSE_GEMV_WSMEM", "0") == "1"
+
+
+def _wsmem_params(cfg: dict, K: int, situ: bool) -> dict:
+    if not weight_smem() or cfg["variant"] != "simt" or cfg.get("pdl"):
+        return {}
+    rows = cfg["R"] * (2 if situ else 1)
+    return {"WSMEM": True} if rows * K * 2 <= WSMEM_MAX_BYTES else {}
+
+
 # ------------------------------------------------------------------------------------------ fusions
 # fusion = {"norm": bool, "eps": float, "x_fp32": bool, "act": "none" | "situ", "beta": float, "lbeta": float}
 #   norm: RMSNorm prologue (k3fuse::rms_norm(x, norm_w, eps, bf16) feeding the GEMV; x bf16 or fp32)
@@ -230,6 +253,7 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
         raise ValueError(why)
     template = f"gemv_{cfg['variant']}.py.jinja"
     params = template_params(N, K, bucket, cfg)
+    params.update(_wsmem_params(cfg, K, fusion["act"] == "situ"))
     if fused:
         params.update(NORM=bool(fusion["norm"]), XF32=bool(fusion["x_fp32"]), EPS=repr(float(fusion["eps"])),
                       ACT=fusion["act"], BETA=repr(float(fusion["beta"])), LBETA=repr(float(fusion["lbeta"])))
@@ -247,7 +271,8 @@ def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optiona
     hashing (the compile/disk-cache layer below is keyed by the rendered source)."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load)
+    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load,
+            weight_smem())
     k = _built.get(memo)
     if k is not None:
         return k
@@ -386,6 +411,7 @@ def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None) -> 
         group.append(dict(N=n, T0=t0, T=t))
         t0 += t
     params.update(GROUP=group, GPRED=any(n % tile for n in Ns))
+    params.update(_wsmem_params(cfg, K, False))
     if cfg["variant"] == "mma":
         params["PRED_N"] = False     # per-member row predication (GPRED) instead
     return template, render(template, **params), cfg
@@ -395,7 +421,7 @@ def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optio
                 load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load)
+    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, weight_smem())
     k = _built.get(memo)
     if k is not None:
         return k

@@ -239,3 +239,51 @@ def test_rms_norm_linear_op(M, N, K):
     h = (xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-5)) * nw.double()
     assert y.shape == (M, N) and y.dtype == torch.bfloat16
     assert rel(y, h @ w.double().t()) < 1e-2
+
+
+@pytest.mark.parametrize("M", [1, 2])
+def test_gemv_weights_via_smem_chain_in_graph(M, monkeypatch):
+    """K3FUSE_GEMV_WSMEM=1 under the PDL chain: grouped GEMV (partial member tiles) -> plain GEMV -> fused SiTU GEMV,
+    each reading what the kernel before it just wrote (so each is resident, copying its weights, while its predecessor
+    runs), in a CUDA graph, every buffer NaN-poisoned before each replay; and the kernels alone against references."""
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
+    monkeypatch.setenv("K3FUSE_GEMV_WSMEM", "1")
+    K, Ns = 7168, [768, 40, 1536]
+    simt = {"variant": "simt", "R": 1, "W": 8}
+    ws = [bf(n, K, scale=K ** -0.5) for n in Ns]
+    wd = bf(K, Ns[0], scale=Ns[0] ** -0.5)
+    wgu = bf(2 * 768, K, scale=K ** -0.5)
+    src = bf(M, K)
+    x = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+    ys = [torch.empty(M, n, device="cuda", dtype=torch.bfloat16) for n in Ns]
+    h = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
+    a = torch.empty(M, 768, device="cuda", dtype=torch.bfloat16)
+    kg = gemv.build_group(Ns, K, M, {"variant": "simt", "R": 2, "W": 8})
+    kd = gemv.build(K, Ns[0], M, {"variant": "simt", "R": 2, "W": 2})
+    ks = gemv.build(2 * 768, K, M, simt, fusion=dict(act="situ"))
+    for k in (kg, kd, ks):
+        assert "WSMEM=True" in k.source.split("\n")[1]
+
+    def body():
+        torch.mul(src, 2.0, out=x)
+        kg(x, *ws, *ys)
+        kd(ys[0], wd, h)
+        ks(h, wgu, a)
+    body()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    for _ in range(3):
+        src.copy_(bf(M, K))
+        for t in [x, h, a] + ys:
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        for y, w in zip(ys, ws):
+            assert rel(y, (src.double() * 2) @ w.double().t()) < 1e-2
+        assert rel(h, ys[0].double() @ wd.double().t()) < 1e-2
+        ref = ops.situ_glu._init_fn((h.double() @ wgu.double().t()).to(torch.bfloat16), 4.0, 25.0)
+        assert rel(a, ref) < 1e-2
