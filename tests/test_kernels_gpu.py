@@ -16,6 +16,23 @@ def bf(*shape, scale=1.0):
     return (torch.randn(*shape, device="cuda") * scale).to(torch.bfloat16)
 
 
+def graph_replays_poisoned(body, refill, poisoned, check, replays=3):
+    """Run body() once, capture it as a CUDA graph, then per replay: refill() the inputs, NaN-poison `poisoned`,
+    replay, check(): a kernel that reads ahead of its wait, or leaves an output unwritten, shows up."""
+    body()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        body()
+    for _ in range(replays):
+        refill()
+        for t in poisoned:
+            t.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        check()
+
+
 @pytest.mark.parametrize("M", [1, 2, 3, 5, 8, 13, 64])
 @pytest.mark.parametrize("N,K", [(2304, 1536), (768, 7168)])
 def test_gemv_matches_reference(N, K, M):
@@ -148,21 +165,13 @@ def test_gemv_pdl_matches_reference_and_waits_in_graph(M):
         for r in range(2):
             ku(xs[r], wu, hs[r])
             kd(hs[r], wd, xs[r + 1])
-    body()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        body()
-    for _ in range(3):
-        src.copy_(bf(M, 768))
-        for t in xs + hs:
-            t.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
+
+    def check():
         assert rel(xs[0], src.double() * 2) < 1e-2
         for r in range(2):
             assert rel(hs[r], xs[r].double() @ wu.double().t()) < 1e-2
             assert rel(xs[r + 1], hs[r].double() @ wd.double().t()) < 1e-2
+    graph_replays_poisoned(body, lambda: src.copy_(bf(M, 768)), xs + hs, check)
 
 
 # grouped GEMV (k3fuse::linear_group): the K3 TP16 groups of fuse_shared_input_linears (KDA q, k, v, g, f_a, b;
@@ -245,7 +254,8 @@ def test_rms_norm_linear_op(M, N, K):
 def test_gemv_weights_via_smem_chain_in_graph(M, monkeypatch):
     """K3FUSE_GEMV_WSMEM=1 under the PDL chain: grouped GEMV (partial member tiles) -> plain GEMV -> fused SiTU GEMV,
     each reading what the kernel before it just wrote (so each is resident, copying its weights, while its predecessor
-    runs), in a CUDA graph, every buffer NaN-poisoned before each replay; and the kernels alone against references."""
+    runs), in a CUDA graph, every buffer NaN-poisoned before each replay. (The kernels alone: the other GEMV tests
+    of this file with K3FUSE_GEMV_WSMEM=1 set, benchmarks/validate_pending.sh wsmem.)"""
     from k3fuse import ops
     from k3fuse.codegen import gemv
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
@@ -271,19 +281,11 @@ def test_gemv_weights_via_smem_chain_in_graph(M, monkeypatch):
         kg(x, *ws, *ys)
         kd(ys[0], wd, h)
         ks(h, wgu, a)
-    body()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        body()
-    for _ in range(3):
-        src.copy_(bf(M, K))
-        for t in [x, h, a] + ys:
-            t.fill_(float("nan"))
-        g.replay()
-        torch.cuda.synchronize()
+
+    def check():
         for y, w in zip(ys, ws):
             assert rel(y, (src.double() * 2) @ w.double().t()) < 1e-2
         assert rel(h, ys[0].double() @ wd.double().t()) < 1e-2
         ref = ops.situ_glu._init_fn((h.double() @ wgu.double().t()).to(torch.bfloat16), 4.0, 25.0)
         assert rel(a, ref) < 1e-2
+    graph_replays_poisoned(body, lambda: src.copy_(bf(M, K)), [x, h, a] + ys, check)
