@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Optional
 
 from . import tuning
@@ -196,7 +197,6 @@ WSMEM_MAX_BYTES = 32 * 1024
 
 def weight_smem() -> bool:
     """Read at render time (set it before the first kernel is built), like render.pdl_chain()."""
-    import os
     return os.environ.get("K3FUSE_GEMV_WSMEM", "0") == "1"
 
 
