@@ -186,12 +186,12 @@ def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
 
 
 # ------------------------------------------------------------------------------- weights via shared memory
-# K3FUSE_GEMV_WSMEM=1 (opt-in, session 7; compiled in CI, not yet run on a GPU): the simt GEMV's CTAs copy their
+# K3FUSE_GEMV_WSMEM=1 (opt-in, session 7; compiled in CI, not yet run on a GPU): the GEMV's CTAs copy their
 # weight rows into shared memory with the copy engine (cp.async.bulk + mbarrier) BEFORE the PDL chain's
 # griddepcontrol.wait, so a GEMV whose CTAs are resident while a latency-bound kernel runs (benchmarks/pdl_probe.py:
 # inside a CUDA graph they are) streams its weights meanwhile; the L2 bulk-prefetch version of this idea measured no
-# gain (RESULTS.md session 7). Only where a CTA's rows fit in WSMEM_MAX_BYTES of shared memory (R = 1-2 rows at
-# K = 7168), so that enough CTAs stay resident.
+# gain (RESULTS.md session 7). Only where a CTA's rows fit in WSMEM_MAX_BYTES of shared memory (simt R = 1-2 rows at
+# K = 7168; mma 16-row CTAs up to K = 1024, e.g. the TP16 o_proj 7168 x 768), so that enough CTAs stay resident.
 WSMEM_MAX_BYTES = 32 * 1024
 
 
@@ -201,9 +201,12 @@ def weight_smem() -> bool:
 
 
 def _wsmem_params(cfg: dict, K: int, situ: bool) -> dict:
-    if not weight_smem() or cfg["variant"] != "simt" or cfg.get("pdl"):
+    if not weight_smem() or cfg.get("pdl"):
         return {}
-    rows = cfg["R"] * (2 if situ else 1)
+    if cfg["variant"] == "mma":
+        rows = 16 * cfg.get("RT", 1) * cfg.get("WN", 1)
+    else:
+        rows = cfg["R"] * (2 if situ else 1)
     return {"WSMEM": True} if rows * K * 2 <= WSMEM_MAX_BYTES else {}
 
 

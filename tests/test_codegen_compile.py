@@ -398,7 +398,10 @@ WSMEM_CASES = [("plain", [768], 7168, 1, {"variant": "simt", "R": 1, "W": 8}, No
                ("plain", [896], 7168, 2, {"variant": "simt", "R": 2, "W": 8}, dict(y_fp32=True)),
                ("plain", [1536], 7168, 1, {"variant": "simt", "R": 1, "W": 8}, dict(act="situ")),
                ("plain", [2304], 1536, 4, {"variant": "simt", "R": 4, "W": 2}, dict(norm=True)),
-               ("group", [768, 40, 1536], 7168, 1, {"variant": "simt", "R": 2, "W": 8}, None)]
+               ("group", [768, 40, 1536], 7168, 1, {"variant": "simt", "R": 2, "W": 8}, None),
+               ("plain", [7168], 768, 1, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}, None),
+               ("plain", [7184], 384, 2, {"variant": "mma", "W": 2, "U": 2, "WN": 2, "RT": 1, "KB": 1}, None),
+               ("group", [768, 40, 1536], 768, 4, {"variant": "mma", "W": 4, "U": 2, "WN": 1, "RT": 1, "KB": 1}, None)]
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -415,7 +418,11 @@ def test_gemv_weights_via_smem_compile(kind, Ns, K, b, cfg, fusion, arch, monkey
     monkeypatch.setenv("K3FUSE_GEMV_WSMEM", "1")
     k = build()
     assert "WSMEM=True" in k.source.split("\n")[1]
-    rows = cfg["R"] * (2 if (fusion or {}).get("act") == "situ" else 1)
+    if cfg["variant"] == "mma":     # BN rows per CTA (the last CTA of 7184 rows copies only its 16 valid ones)
+        rows = 16 * cfg["RT"] * cfg["WN"]
+        assert "mma.sync.aligned.m16n8k16" in ptx_of(k)
+    else:
+        rows = cfg["R"] * (2 if (fusion or {}).get("act") == "situ" else 1)
     ptx = ptx_of(k)
     bulk, wait = ptx.find("cp.async.bulk.shared::cluster.global.mbarrier"), ptx.find("griddepcontrol.wait")
     assert 0 <= bulk < wait and ptx.count("cp.async.bulk.shared::cluster.global") == rows
@@ -434,5 +441,6 @@ def test_gemv_weights_via_smem_only_where_rows_fit(monkeypatch):
     monkeypatch.setenv("K3FUSE_GEMV_WSMEM", "1")
     assert "WSMEM" in gemv.render_source(768, 7168, 1, {"variant": "simt", "R": 2, "W": 8})[1]
     assert "WSMEM" not in gemv.render_source(768, 7168, 1, {"variant": "simt", "R": 4, "W": 8})[1]   # 56 KB
-    assert "WSMEM" not in gemv.render_source(768, 7168, 8, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1,
-                                                            "KB": 1})[1]
+    mma = {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}
+    assert "WSMEM" not in gemv.render_source(768, 7168, 8, mma)[1]       # 16 rows x 14 KB
+    assert "WSMEM" in gemv.render_source(7168, 768, 8, mma)[1]           # 16 rows x 1.5 KB

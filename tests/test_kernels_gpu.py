@@ -252,7 +252,7 @@ def test_rms_norm_linear_op(M, N, K):
 
 @pytest.mark.parametrize("M", [1, 2])
 def test_gemv_weights_via_smem_chain_in_graph(M, monkeypatch):
-    """K3FUSE_GEMV_WSMEM=1 under the PDL chain: grouped GEMV (partial member tiles) -> plain GEMV -> fused SiTU GEMV,
+    """K3FUSE_GEMV_WSMEM=1 under the PDL chain: grouped simt GEMV (partial member tiles) -> mma GEMV -> fused SiTU GEMV,
     each reading what the kernel before it just wrote (so each is resident, copying its weights, while its predecessor
     runs), in a CUDA graph, every buffer NaN-poisoned before each replay. (The kernels alone: the other GEMV tests
     of this file with K3FUSE_GEMV_WSMEM=1 set, benchmarks/validate_pending.sh wsmem.)"""
@@ -271,7 +271,7 @@ def test_gemv_weights_via_smem_chain_in_graph(M, monkeypatch):
     h = torch.empty(M, K, device="cuda", dtype=torch.bfloat16)
     a = torch.empty(M, 768, device="cuda", dtype=torch.bfloat16)
     kg = gemv.build_group(Ns, K, M, {"variant": "simt", "R": 2, "W": 8})
-    kd = gemv.build(K, Ns[0], M, {"variant": "simt", "R": 2, "W": 2})
+    kd = gemv.build(K, Ns[0], M, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1})  # the o_proj shape
     ks = gemv.build(2 * 768, K, M, simt, fusion=dict(act="situ"))
     for k in (kg, kd, ks):
         assert "WSMEM=True" in k.source.split("\n")[1]
