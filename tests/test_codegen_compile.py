@@ -102,6 +102,7 @@ def test_cache_hit_corrupt_rebuild_and_arch_key(tmp_path):
 def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     from k3fuse.codegen import kernels_cli
     monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    monkeypatch.delenv("K3FUSE_GEMV_WSMEM", raising=False)
     out = tmp_path / "kout"
     rc = kernels_cli.main(["--config", "tiny", "--tp", "1", "--batch", "1,100", "--arch", "sm_90a",
                            "--out", str(out)])
@@ -109,6 +110,7 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     m = json.loads((out / "manifest.json").read_text())
     assert m["arch"] == "sm_90a" and m["config"] == "tiny"
     assert m["pdl_chain"] is True                      # the default: the layer's kernels launch as a PDL chain
+    assert m["gemv_weights_via_smem"] is False         # K3FUSE_GEMV_WSMEM is opt-in
     fams = {k["family"] for k in m["kernels"]}
     # tiny's KDA head dim (16) has no kda_decode kernel: listed as skipped with the reason
     assert fams == {"gemv", "fused_residual_norm", "prefetch_l2", "moe_experts", "router_topk"}
