@@ -6,7 +6,7 @@
 # After session 7: the GEMVs trigger their PDL dependents after the main loop (templates/_pdl_chain.jinja
 # late_trigger; the same kernel code ran in session 7 call 6, on six GEMV shapes and one layer round). Not run with
 # it: the GPU test suite, compute-sanitizer, the full GEMV table and the layer table (TP16 / TP8, M = 1, 8, 64).
-# Written in session 7 after the device time ran out, never run on a GPU: K3FUSE_GEMV_WSMEM=1 (simt GEMVs copy their
+# Written in session 7 after the device time ran out, never run on a GPU: K3FUSE_GEMV_WSMEM=1 (GEMVs copy their
 # weight rows into shared memory by cp.async.bulk before the chain's wait; codegen/gemv.py): its GPU test,
 # memcheck, and the layer A/B against the default (arms interleaved twice).
 # Logs go to /tmp/k3v and come back as one tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after

@@ -196,7 +196,8 @@ WSMEM_MAX_BYTES = 32 * 1024
 
 
 def weight_smem() -> bool:
-    """Read at render time (set it before the first kernel is built), like render.pdl_chain()."""
+    """Read at render time, like render.pdl_chain(): fixed per process (the memos do not key on it; set it before
+    the first kernel is built, or call codegen.compile.clear_memo())."""
     return os.environ.get("K3FUSE_GEMV_WSMEM", "0") == "1"
 
 
@@ -274,8 +275,7 @@ def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optiona
     hashing (the compile/disk-cache layer below is keyed by the rendered source)."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load,
-            weight_smem())
+    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load)
     k = _built.get(memo)
     if k is not None:
         return k
@@ -424,7 +424,7 @@ def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optio
                 load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, weight_smem())
+    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load)
     k = _built.get(memo)
     if k is not None:
         return k

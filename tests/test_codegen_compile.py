@@ -415,9 +415,11 @@ def test_gemv_weights_via_smem_compile(kind, Ns, K, b, cfg, fusion, arch, monkey
         if kind == "group":
             return gemv.build_group(Ns, K, b, cfg, arch=arch, load=False)
         return gemv.build(Ns[0], K, b, cfg, arch=arch, load=False, fusion=fusion)
+    from k3fuse.codegen import compile as kcompile
     monkeypatch.delenv("K3FUSE_GEMV_WSMEM", raising=False)
     assert "WSMEM" not in build().source                   # off by default: sources unchanged
     monkeypatch.setenv("K3FUSE_GEMV_WSMEM", "1")
+    kcompile.clear_memo()                                  # read at render time, like the PDL chain knob
     k = build()
     assert "WSMEM=True" in k.source.split("\n")[1]
     if cfg["variant"] == "mma":     # BN rows per CTA (the last CTA of 7184 rows copies only its 16 valid ones)

@@ -256,10 +256,19 @@ def test_gemv_weights_via_smem_chain_in_graph(M, monkeypatch):
     each reading what the kernel before it just wrote (so each is resident, copying its weights, while its predecessor
     runs), in a CUDA graph, every buffer NaN-poisoned before each replay. (The kernels alone: the other GEMV tests
     of this file with K3FUSE_GEMV_WSMEM=1 set, benchmarks/validate_pending.sh wsmem.)"""
-    from k3fuse import ops
-    from k3fuse.codegen import gemv
+    from k3fuse.codegen import compile as kcompile
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
     monkeypatch.setenv("K3FUSE_GEMV_WSMEM", "1")
+    kcompile.clear_memo()           # the knob is read at render time: no earlier kernel, and none left for later tests
+    try:
+        _weights_via_smem_chain(M)
+    finally:
+        kcompile.clear_memo()
+
+
+def _weights_via_smem_chain(M):
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
     K, Ns = 7168, [768, 40, 1536]
     simt = {"variant": "simt", "R": 1, "W": 8}
     ws = [bf(n, K, scale=K ** -0.5) for n in Ns]
