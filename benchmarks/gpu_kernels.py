@@ -418,7 +418,7 @@ def bench_prefetch(results, copy_bw):
         log(json.dumps(row))
 
 
-def bench_fused(results, copy_bw):
+def bench_fused(results, copy_bw, only=None):
     """GEMV with the RMSNorm prologue and/or SiTU-GLU epilogue vs the same steps unfused (reference norm and
     SiTU-GLU ops on the GPU around the tuned GEMV kernel)."""
     from k3fuse import ops
@@ -426,8 +426,11 @@ def bench_fused(results, copy_bw):
     from k3fuse.codegen.buckets import bucket_for
     rms, situ = ops.rms_norm._init_fn, ops.situ_glu._init_fn
     cases = [(1536, 7168, True, True, "situ"), (768, 7168, True, True, "situ"), (2112, 7168, True, True, "none"),
-             (8448, 7168, True, True, "situ"), (1536, 7168, False, False, "situ")]
+             (8448, 7168, True, True, "situ"), (1536, 7168, False, False, "situ"),
+             (7168, 3584, True, False, "none"), (7168, 3584, True, True, "none")]    # the routed up + its norm
     for N, K, norm, xf32, act in cases:
+        if only and (N, K) not in only:
+            continue
         for M in (1, 2, 4):
             row = dict(family="fused", N=N, K=K, M=M, norm=norm, x_fp32=xf32, act=act)
             try:
@@ -463,6 +466,37 @@ def bench_fused(results, copy_bw):
                 row.update(ok=False, error=repr(e)[:500] + traceback.format_exc()[-800:])
             results.append(row)
             log(json.dumps(row))
+    bench_group_situ(results, copy_bw)
+
+
+def bench_group_situ(results, copy_bw, Ns=(3584, 768), K=7168):
+    """The MoE group at TP16 widths (routed down + shared gate_up) with the SiTU-GLU epilogue on the gate_up
+    (linear_group_situ) vs the plain group (whose SiTU is a separate kernel in the layer): the epilogue's cost."""
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    for M in (1, 2):
+        row = dict(family="group_situ", N=list(Ns), K=K, M=M)
+        try:
+            cfg = gemv.group_config_for(list(Ns), K, bucket_for(M))
+            x = torch.randn(M, K, device="cuda").to(torch.bfloat16)
+            nrot = max(2, math.ceil(3 * L2_BYTES / (sum(Ns) * K * 2)))
+            wsets = [[(torch.randn(n, K, device="cuda") * K ** -0.5).to(torch.bfloat16) for n in Ns]
+                     for _ in range(nrot)]
+            ys = gemv.linear_group(x, wsets[0], cfg, situ=((1,), 4.0, 25.0))
+            torch.cuda.synchronize()
+            r = ops.situ_glu._init_fn((x.double() @ wsets[0][1].double().t()).to(torch.bfloat16), 4.0, 25.0)
+            row.update(err=rel_err(ys[1], r.double()), err0=rel_err(ys[0], x.double() @ wsets[0][0].double().t()))
+            row["ok"] = max(row["err"], row["err0"]) < 1e-2
+            row["situ_us"] = graph_time(lambda i: gemv.linear_group(x, wsets[i % nrot], cfg,
+                                                                    situ=((1,), 4.0, 25.0)))[0]
+            row["plain_us"] = graph_time(lambda i: gemv.linear_group(x, wsets[i % nrot], cfg))[0]
+            row["floor_us"] = sum(Ns) * K * 2 / copy_bw * 1e6
+            del wsets
+        except Exception as e:
+            row.update(ok=False, error=repr(e)[:500] + traceback.format_exc()[-800:])
+        results.append(row)
+        log(json.dumps(row))
 
 
 def check_registry(results):
@@ -525,6 +559,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 2))
     ap.add_argument("--only-small", action="store_true",
                     help="only the PDL on/off comparison on the 11 MB shapes (same as --families pdl)")
+    ap.add_argument("--fused-only", action="store_true", help="--families fused: only the cases of --shapes")
     a = ap.parse_args(argv)
     if a.only_small:
         a.families = "pdl"
@@ -588,7 +623,7 @@ def main(argv=None):
         except Exception:
             log("FAMILY FAILED pdl", traceback.format_exc()[-2000:])
     for fam, fn in (("frn", lambda: bench_frn(results, copy_bw)), ("prefetch", lambda: bench_prefetch(results, copy_bw)),
-                    ("fused", lambda: bench_fused(results, copy_bw)),
+                    ("fused", lambda: bench_fused(results, copy_bw, only=shapes if a.fused_only else None)),
                     ("registry", lambda: check_registry(results)), ("router_topk", lambda: bench_router_topk(results))):
         if fam in fams:
             try:

@@ -57,3 +57,34 @@ elif [ "$part" = wsmem ]; then
     done
     tar czf "$OUT/logs_wsmem.tgz" -C "$L" .
 fi
+# Session 8: the fused RMSNorm's scale in the GEMV epilogue (routed up 7168 x 3584 fused at M <= 4 with
+# K3FUSE_NORM_LINEAR_MAX_MB=64) and the SiTU-GLU epilogue of the MoE group (linear_group_situ): GPU tests, memcheck,
+# kernel timings, the layer A/B (base = session 7's graph: norm split back on 51 MB, no SiTU pass)
+if [ "$part" = fusions ]; then
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_streams_gpu.py \
+        -k "situ or fusions or rms_norm_linear or side_stream" > "$L/log_fus_tests.txt" 2>&1
+    echo "tests rc=$? $(tail -1 "$L/log_fus_tests.txt")" | tee -a "$S"
+    grep -E "^FAILED|^ERROR" "$L/log_fus_tests.txt" | head -8 | tee -a "$S"
+    timeout 90 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
+        python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py \
+        -k "group_situ_matches or (fusions_match and 7168)" > "$L/log_fus_sanitizer.txt" 2>&1
+    echo "sanitizer rc=$? $(grep -E 'ERROR SUMMARY' "$L/log_fus_sanitizer.txt" | tail -1)" | tee -a "$S"
+    timeout 90 python3 benchmarks/gpu_kernels.py --out "$L/gkf" --families fused --fused-only --shapes 7168x3584 \
+        > "$L/gkf.txt" 2>&1
+    echo "fused kernels rc=$?" | tee -a "$S"
+    grep -E '"family": "(fused|group_situ)"' "$L/gkf/log.txt" | python3 -c "
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l[l.index('{'):])
+    print(r['family'], r.get('N'), r.get('K'), 'M', r['M'], 'xf32' if r.get('x_fp32') else '', 'err %.1e' % r.get('err', -1),
+          ' '.join('%s %.2f' % (k, r[k]) for k in ('us', 'unfused_us', 'situ_us', 'plain_us', 'floor_us') if k in r),
+          r.get('error', '')[:200])" | sort -u | tee -a "$S"
+    for a in base_1 new_1 base_2 new_2; do
+        if [ "${a%_*}" = base ]; then env="K3FUSE_NORM_LINEAR_MAX_MB=16"; wo="--without-passes fuse_situ_glu_into_linear_group"
+        else env="K3FUSE_NORM_LINEAR_MAX_MB=64"; wo=""; fi
+        env $env timeout 80 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,2 \
+            --skip inductor --top 16 --tag "_$a" $wo > "$L/lb_$a.txt" 2>&1
+        echo "layer $a rc=$? $(grep -E '^(kda|mla) +16 +(1|2) ' "$L/lb_$a.txt" | tr -s ' ' | tr '\n' '|')" | tee -a "$S"
+    done
+    tar czf "$OUT/logs_fusions.tgz" -C "$L" .
+fi

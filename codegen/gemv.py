@@ -213,7 +213,8 @@ def _wsmem_params(cfg: dict, K: int, situ: bool) -> dict:
 
 # ------------------------------------------------------------------------------------------ fusions
 # fusion = {"norm": bool, "eps": float, "x_fp32": bool, "act": "none" | "situ", "beta": float, "lbeta": float}
-#   norm: RMSNorm prologue (k3fuse::rms_norm(x, norm_w, eps, bf16) feeding the GEMV; x bf16 or fp32)
+#   norm: fused RMSNorm (k3fuse::rms_norm(x, norm_w, eps) feeding the GEMV; x bf16 or fp32), its per-row scale applied
+#         in the epilogue (the template's docstring)
 #   act = "situ": SiTU-GLU epilogue over [gate; up] weight rows (k3fuse::situ_glu of the GEMV output)
 # Only the simt variant has them so far (the buckets where it is the fastest kernel: M <= 4 on the H200).
 NO_FUSION = {"norm": False, "eps": 1e-5, "x_fp32": False, "act": "none", "beta": 4.0, "lbeta": 25.0,
@@ -232,12 +233,20 @@ def fusion_supports(N: int, K: int, bucket: int, cfg: dict, fusion: dict) -> Opt
     return None
 
 
-def default_fused_config(N: int, K: int, bucket: int, fusion: dict) -> dict:
+def default_fused_config(N: int, K: int, bucket: int, fusion: dict, gpu: Optional[str] = None) -> dict:
     """A fused kernel with the SiTU-GLU epilogue reads 2R weight rows per CTA, so it mirrors the plain simt
     config with twice the rows. Chosen from the plain simt timings of 2026-11-29 (RESULTS.md: R = 2-4 rows,
     W = 8 warps won at K = 7168 for M <= 4); the fused kernels themselves were timed with an older default
     (R = 4, W = 4) only."""
     situ = fusion.get("act", "none") == "situ"
+    if not situ:
+        # the RMSNorm scale sits in the epilogue, so a norm-only kernel has the plain simt main loop (plus one FMA
+        # per x element): the plain kernel's tuned config applies where it is a simt one
+        tuned = tuning.lookup(FAMILY, (N, K), bucket, gpu)
+        if tuned is not None and tuned.get("variant") == "simt":
+            cfg = _clean(tuned)
+            if supports(N, K, bucket, cfg) is None:
+                return cfg
     no = N // 2 if situ else N
     r_plain = 2 if bucket == 1 else 4
     r_pref = max(1, r_plain // 2) if situ else r_plain
@@ -399,51 +408,90 @@ def group_config_for(Ns, K: int, bucket: int, gpu: Optional[str] = None) -> dict
     return _group_cfg(config_for(_group_rows(Ns), K, bucket, gpu))
 
 
-def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None) -> tuple[str, str, dict]:
+def group_situ_config(cfg: dict) -> dict:
+    """A group with a SiTU-GLU member gives that member's CTAs R / 2 gate + R / 2 up rows: R must be even, so an odd
+    R (the R = 1 the tables pick at M = 1) is doubled; the other members then take 2 rows per CTA."""
+    cfg = dict(cfg)
+    if cfg.get("variant") == "simt" and cfg["R"] % 2:
+        cfg["R"] *= 2
+    return cfg
+
+
+def group_situ_supports(Ns, K: int, bucket: int, cfg: dict, situ_members) -> Optional[str]:
+    """None if the grouped kernel can give the members in situ_members the SiTU-GLU epilogue with this config."""
+    if not situ_members:
+        return None
+    if cfg["variant"] != "simt":
+        return f"the grouped SiTU-GLU epilogue is generated for the simt variant only (not {cfg['variant']})"
+    if cfg["R"] % 2:
+        return f"R = {cfg['R']} is odd (a SiTU member's CTA takes R / 2 gate and R / 2 up rows)"
+    if weight_smem():
+        return "K3FUSE_GEMV_WSMEM=1 stages plain rows only"
+    for j in situ_members:
+        if not 0 <= j < len(Ns) or Ns[j] % 2 or (Ns[j] // 2) % (cfg["R"] // 2):
+            return f"member {j} ({Ns[j] if 0 <= j < len(Ns) else '?'} rows) is not [gate; up] in R / 2-row tiles"
+    return None
+
+
+def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None,
+                        situ: Optional[tuple] = None) -> tuple[str, str, dict]:
+    """situ = (member indices, beta, linear_beta): those members' outputs are situ_glu(x @ w^T) [M, N_i / 2]."""
     Ns = [int(n) for n in Ns]
+    members = tuple(situ[0]) if situ else ()
     cfg = _clean(_group_cfg(cfg or group_config_for(Ns, K, bucket)))
-    why = group_supports(Ns, K, bucket, cfg)
+    if members:
+        cfg = group_situ_config(cfg)
+    why = group_supports(Ns, K, bucket, cfg) or group_situ_supports(Ns, K, bucket, cfg, members)
     if why:
         raise ValueError(why)
     template = f"gemv_{cfg['variant']}.py.jinja"
     params = template_params(sum(Ns), K, bucket, cfg)
     tile = cfg["R"] if cfg["variant"] == "simt" else 16 * cfg.get("RT", 1) * cfg.get("WN", 1)
     group, t0 = [], 0
-    for n in Ns:
-        t = -(-n // tile)
-        group.append(dict(N=n, T0=t0, T=t))
+    for j, n in enumerate(Ns):
+        t = (n // 2) // (tile // 2) if j in members else -(-n // tile)
+        group.append(dict(N=n, T0=t0, T=t, SITU=j in members))
         t0 += t
-    params.update(GROUP=group, GPRED=any(n % tile for n in Ns))
-    params.update(_wsmem_params(cfg, K, False))
+    params.update(GROUP=group, GPRED=any(n % tile for j, n in enumerate(Ns) if j not in members))
+    if members:
+        params.update(GSITU=True, BETA=repr(float(situ[1])), LBETA=repr(float(situ[2])))
+    else:
+        params.update(_wsmem_params(cfg, K, False))
     if cfg["variant"] == "mma":
         params["PRED_N"] = False     # per-member row predication (GPRED) instead
     return template, render(template, **params), cfg
 
 
 def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optional[str] = None,
-                load: bool = True):
+                load: bool = True, situ: Optional[tuple] = None):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load)
+    situ = (tuple(situ[0]), float(situ[1]), float(situ[2])) if situ else None
+    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, situ)
     k = _built.get(memo)
     if k is not None:
         return k
-    template, src, cfg = render_group_source(Ns, K, bucket, cfg)
-    meta = dict(family=FAMILY, op="k3fuse::linear_group", shape=dict(N=list(Ns), K=K), bucket=bucket, config=cfg,
-                template=template)
+    template, src, cfg = render_group_source(Ns, K, bucket, cfg, situ)
+    meta = dict(family=FAMILY, op="k3fuse::linear_group_situ" if situ else "k3fuse::linear_group",
+                shape=dict(N=list(Ns), K=K), bucket=bucket, config=cfg, template=template)
+    if situ:
+        meta["fusion"] = dict(situ_members=list(situ[0]), beta=situ[1], lbeta=situ[2])
     k = compile_source(src, arch, load=load, meta=meta)
     _built[memo] = k
     return k
 
 
-def linear_group(x, ws, cfg: Optional[dict] = None, outs=None):
+def linear_group(x, ws, cfg: Optional[dict] = None, outs=None, situ: Optional[tuple] = None):
     """[x @ w^T for w in ws] in one launch on the current stream. x [M, K] bf16 contiguous, each w [N_i, K] bf16
-    contiguous and 16-byte aligned, M <= 64."""
+    contiguous and 16-byte aligned, M <= 64. situ = (member indices, beta, linear_beta): those outputs are
+    situ_glu(x @ w^T, beta, linear_beta), [M, N_i / 2] (simt configs only: group_situ_supports)."""
     import torch
     M, K = x.shape
     Ns = [w.shape[0] for w in ws]
     bucket = bucket_for(M)
-    k = build_group(Ns, K, bucket, cfg or group_config_for(Ns, K, bucket))
-    ys = outs if outs is not None else [torch.empty(M, n, dtype=x.dtype, device=x.device) for n in Ns]
+    k = build_group(Ns, K, bucket, cfg or group_config_for(Ns, K, bucket), situ=situ)
+    members = tuple(situ[0]) if situ else ()
+    ys = outs if outs is not None else [torch.empty(M, n // 2 if j in members else n, dtype=x.dtype,
+                                                    device=x.device) for j, n in enumerate(Ns)]
     k(x, *ws, *ys)
     return ys

@@ -103,9 +103,29 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             jobs.append(dict(family="gemv", op="k3fuse::linear_group", uses=[name], shape=dict(N=Ns, K=K), bucket=b,
                              config=c, name=f"gemv_group_{c['variant']}_{'-'.join(map(str, Ns))}x{K}_b{b}",
                              used_at_runtime=routed is not None, note=why_not or None))
-    # pass fuse_rms_norm_into_linear: the GEMVs behind an RMSNorm, fused where codegen's predicate says the kernel
-    # applies (registry.KERNEL_APPLIES: M <= 4, weights <= 16 MB), else split back into norm + the plain GEMV above
+    # pass fuse_situ_glu_into_linear_group: the MoE group (TP = 1) with the SiTU-GLU epilogue on the shared gate_up,
+    # where its kernel applies (simt buckets); elsewhere the lowering splits it into the plain group above + SiTU
     from . import registry
+    for name, (Ns, K) in group_shapes(cfg, tp).items():
+        if not name.endswith("sharedgateup"):
+            continue
+        for b in buckets:
+            routed, why = gemv.group_route(Ns, K, b, gpu=_gpu_for(arch))
+            c = gemv.group_situ_config(routed) if routed else None
+            why = why or gemv.group_supports(Ns, K, b, c) or \
+                gemv.group_situ_supports(Ns, K, b, c, (len(Ns) - 1,))
+            if why:
+                skipped.append(dict(op="k3fuse::linear_group_situ", name=name, shape=dict(N=Ns, K=K), bucket=b,
+                                    reason=f"split back into linear_group + situ_glu: {why}"))
+                continue
+            jobs.append(dict(family="gemv", op="k3fuse::linear_group_situ", uses=[name], shape=dict(N=Ns, K=K),
+                             bucket=b, config=c, fusion=dict(situ_members=[len(Ns) - 1],
+                                                             beta=cfg.activation_situ_beta,
+                                                             lbeta=cfg.activation_situ_linear_beta),
+                             name=f"gemv_group_situ_{'-'.join(map(str, Ns))}x{K}_b{b}"))
+    # pass fuse_rms_norm_into_linear: the GEMVs behind an RMSNorm, fused where codegen's predicate says the kernel
+    # applies (registry.KERNEL_APPLIES: M <= 4, weights up to the measured size), else split back into norm + the
+    # plain GEMV above
     shapes = gemm_shapes(cfg, tp)
     for name in ("mla.q_b", "routed.up"):
         N, K = shapes[name]
@@ -117,7 +137,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                 continue
             fusion = dict(norm=True, eps=cfg.rms_norm_eps, x_fp32=False)
             jobs.append(dict(family="gemv", op="k3fuse::rms_norm_linear", uses=[name], shape=dict(N=N, K=K),
-                             bucket=b, config=gemv.default_fused_config(N, K, b, fusion), fusion=fusion,
+                             bucket=b, config=gemv.default_fused_config(N, K, b, fusion, gpu=_gpu_for(arch)), fusion=fusion,
                              name=f"gemv_norm_{N}x{K}_b{b}"))
     H = cfg.hidden_size
     nb_max = min(cfg.num_attn_res_blocks, frn.MAX_BLOCKS)   # a mix sees up to ceil(l / B) blocks
@@ -217,6 +237,10 @@ def build_job(job: dict, arch: str):
     if job["family"] == "gemv" and job["op"] == "k3fuse::linear_group":
         s = job["shape"]
         return gemv.build_group(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False)
+    if job["family"] == "gemv" and job["op"] == "k3fuse::linear_group_situ":
+        s, f = job["shape"], job["fusion"]
+        return gemv.build_group(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False,
+                                situ=(tuple(f["situ_members"]), f["beta"], f["lbeta"]))
     if job["family"] == "gemv":
         s = job["shape"]
         return gemv.build(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False,

@@ -163,6 +163,57 @@ def linear_group_cuda(x, weights):
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys]
 
 
+def _group_situ_cfg(x, weights, situ_member):
+    """(config, "") where the grouped kernel with the SiTU-GLU epilogue runs for these shapes, else (None, why)."""
+    from . import gemv
+    K = x.shape[-1]
+    M = x.numel() // K if K else 0
+    Ns = [w.shape[0] for w in weights]
+    if not grouped_gemv_enabled():
+        return None, "K3FUSE_GROUPED_GEMV=0"
+    if not isinstance(M, int) or not 1 <= M <= MAX_M:
+        return None, f"M={M} outside 1..{MAX_M}"
+    cfg, why = gemv.group_route(Ns, K, M)
+    if cfg is None:
+        return None, why
+    cfg = gemv.group_situ_config(cfg)
+    why = gemv.group_supports(Ns, K, gemv.bucket_for(M), cfg) or \
+        gemv.group_situ_supports(Ns, K, gemv.bucket_for(M), cfg, (situ_member,))
+    return (None, why) if why else (cfg, "")
+
+
+def _linear_group_situ_applies(x, weights, situ_member, beta, linear_beta) -> bool:
+    """Where not (the mma buckets, from M = 3-4 on the H200), the lowering inlines linear_group + situ_glu."""
+    return _group_situ_cfg(x, weights, situ_member)[0] is not None
+
+
+def linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta):
+    import torch
+    from . import gemv
+    from .prefetch import join_pending
+    op = "k3fuse::linear_group_situ"
+    cfg, reason = _group_situ_cfg(x, weights, situ_member)
+    K = x.shape[-1]
+    if cfg is not None and (x.dtype != torch.bfloat16 or any(w.dtype != torch.bfloat16 for w in weights)):
+        cfg, reason = None, "dtypes (kernels are bf16)"
+    if cfg is not None and any(not w.is_contiguous() or w.data_ptr() % 16 or w.dim() != 2 for w in weights):
+        cfg, reason = None, "a weight not contiguous, 2-D and 16-byte aligned"
+    if cfg is not None and not _env_ok(op, x.device):
+        cfg, reason = None, "no kernel environment"
+    if cfg is None:
+        log_fallback(op, reason)
+        outs = linear_group_cuda(x, weights)
+        outs[situ_member] = _ref("situ_glu")(outs[situ_member], beta, linear_beta)
+        return outs
+    join_pending()
+    M = x.numel() // K
+    x2 = x.reshape(M, K)
+    if not x2.is_contiguous() or x2.data_ptr() % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)
+    ys = gemv.linear_group(x2, list(weights), cfg, situ=((situ_member,), beta, linear_beta))
+    return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys]
+
+
 # ------------------------------------------------------------------------------------- fused_residual_norm
 def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
                              fp32_norm, addend_partial=False, w_mix_scale=None):
@@ -275,12 +326,13 @@ def rms_norm_linear_situ_glu_cuda(x, norm_w, eps, weight, beta, linear_beta):
     return _fused_gemv("k3fuse::rms_norm_linear_situ_glu", x, weight, norm_w, eps, "situ", beta, linear_beta)
 
 
-# The RMSNorm-prologue GEMV pays its prologue in every CTA before (or while) it streams its weight rows; measured on
-# the H200 at M = 1 (RESULTS.md, session 5): MLA's q_b (1152 x 1536, 3.5 MB) 3.4 us fused = 3.4 us plain, so the
-# fusion saves the norm kernel; the routed up projection (7168 x 3584, 51 MB) 15.8-19.5 us fused (three kernel
-# variants, two since removed) against 13.0-13.2 plain, a loss larger than the norm kernel it removes (1.9 us).
-# Fused only up to this weight size, so far.
-NORM_PROLOGUE_MAX_WEIGHT_BYTES = 16 * 2**20
+# The fused RMSNorm GEMV, measured on the H200 at M = 1 (RESULTS.md, session 5), when the norm was a prologue (a
+# block reduction over x in every CTA before its weight loads): MLA's q_b (1152 x 1536, 3.5 MB) 3.4 us fused = 3.4 us
+# plain; the routed up projection (7168 x 3584, 51 MB) 15.8-19.5 us fused against 13.0-13.2 plain, a loss larger
+# than the norm kernel it removes (1.9 us). Session 8 moved the per-row scale into the epilogue (templates/
+# gemv_simt.py.jinja): the main loop is the plain one. Fused up to this weight size; K3FUSE_NORM_LINEAR_MAX_MB
+# overrides it (the A/B in benchmarks/validate_pending.sh).
+NORM_PROLOGUE_MAX_WEIGHT_BYTES = int(float(os.environ.get("K3FUSE_NORM_LINEAR_MAX_MB", "16")) * 2**20)
 
 
 def rms_norm_linear_split_reason(M: int, weight_bytes: int):
@@ -301,7 +353,7 @@ def _rms_norm_linear_applies(x, norm_w, eps, weight) -> bool:
     return isinstance(M, int) and rms_norm_linear_split_reason(M, weight.numel() * weight.element_size()) is None
 
 
-KERNEL_APPLIES = {"rms_norm_linear": _rms_norm_linear_applies}
+KERNEL_APPLIES = {"rms_norm_linear": _rms_norm_linear_applies, "linear_group_situ": _linear_group_situ_applies}
 
 
 OPTIONAL_IMPLS = {
@@ -314,6 +366,7 @@ OPTIONAL_IMPLS = {
 IMPLS = {
     "k3fuse::linear": linear_cuda,
     "k3fuse::linear_group": linear_group_cuda,
+    "k3fuse::linear_group_situ": linear_group_situ_cuda,
     "k3fuse::fused_residual_norm": fused_residual_norm_cuda,
     "k3fuse::prefetch_l2": prefetch_l2_cuda,
     "k3fuse::side_linear_situ": streams.side_linear_situ_cuda,

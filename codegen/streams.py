@@ -36,7 +36,9 @@ def side_linear_situ_cuda(x, weight, beta, linear_beta):
     side = _side_stream(x.device)
     side.wait_stream(cur)
     with torch.cuda.stream(side):
-        y = torch.ops.k3fuse.situ_glu(torch.ops.k3fuse.linear(x, weight), beta, linear_beta)
+        # the simt GEMV with the SiTU-GLU epilogue where it applies (M <= 4), else GEMV + SiTU (registry)
+        from .registry import linear_situ_glu_cuda
+        y = linear_situ_glu_cuda(x, weight, beta, linear_beta)
         done = torch.cuda.Event()
         done.record(side)
     x.record_stream(side)

@@ -75,6 +75,23 @@ def _(x, weights):
     return [x.new_empty(*x.shape[:-1], w.shape[0]) for w in weights]
 
 
+@torch.library.custom_op(f"{LIB}::linear_group_situ", mutates_args=())
+def linear_group_situ(x: torch.Tensor, weights: list[torch.Tensor], situ_member: int, beta: float,
+                      linear_beta: float) -> list[torch.Tensor]:
+    """linear_group(x, weights) with output `situ_member` replaced by situ_glu(that output, beta, linear_beta): the
+    grouped GEMV with a SiTU-GLU epilogue on one [gate; up] member (pass `fuse_situ_glu_into_linear_group`). Written
+    in k3fuse ops, so that where its kernel does not apply the lowering's inlined reference is the two ops."""
+    outs = list(torch.ops.k3fuse.linear_group(x, weights))
+    outs[situ_member] = torch.ops.k3fuse.situ_glu(outs[situ_member], beta, linear_beta)
+    return outs
+
+
+@linear_group_situ.register_fake
+def _(x, weights, situ_member, beta, linear_beta):
+    return [x.new_empty(*x.shape[:-1], w.shape[0] // 2 if i == situ_member else w.shape[0])
+            for i, w in enumerate(weights)]
+
+
 @torch.library.custom_op(f"{LIB}::rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
     """Normalize in fp32, cast to out_dtype, multiply by weight (K3_MODEL.md notation)."""

@@ -52,7 +52,8 @@ def test_gemv_compiles_with_128bit_loads(arch, N, K, b, variant):
 
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("N,K,b,fusion", [(1536, 7168, 1, dict(norm=True, x_fp32=True, act="situ")),
-                                          (2112, 7168, 4, dict(norm=True)), (768, 7168, 2, dict(act="situ"))])
+                                          (2112, 7168, 4, dict(norm=True)), (768, 7168, 2, dict(act="situ")),
+                                          (7168, 3584, 1, dict(norm=True, x_fp32=True))])
 def test_gemv_fusions_compile(arch, N, K, b, fusion):
     k = gemv.build(N, K, b, fusion=fusion, arch=arch, load=False)
     ptx = ptx_of(k)
@@ -254,6 +255,30 @@ def test_gemv_group_compiles_with_128bit_loads(arch, Ns, K, b, cfg):
     src = open(k.files["kernel.py"]).read()
     tile = used.get("R") or 16 * used.get("RT", 1) * used.get("WN", 1)
     assert f"CTAS = {sum(-(-n // tile) for n in Ns)}" in src and src.count("cute.Tensor, ") >= 2 * len(Ns)
+
+
+# the MoE group at TP = 1 (routed down + shared gate_up at TP16 widths) with the SiTU-GLU epilogue on the gate_up
+# (pass fuse_situ_glu_into_linear_group); R = 1 becomes 2; an odd member (partial CTA) and a 4-row CTA
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("Ns,b,cfg,member", [([3584, 768], 1, None, 1), ([3584, 768], 2, None, 1),
+                                             ([768, 1001], 2, {"variant": "simt", "R": 4, "W": 8}, 0)])
+def test_gemv_group_situ_compiles(arch, Ns, b, cfg, member):
+    k = gemv.build_group(Ns, 7168, b, cfg, arch=arch, load=False, situ=((member,), 4.0, 25.0))
+    ptx = ptx_of(k)
+    loads = global_loads(ptx)
+    assert loads and all(is_128bit(l) for l in loads), f"non-128-bit global loads: {loads}"
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert "tanh" in ptx or "ex2" in ptx
+    src = open(k.files["kernel.py"]).read()
+    R = gemv.group_situ_config(cfg or gemv.group_config_for(Ns, 7168, b))["R"]
+    assert R % 2 == 0 and f"R = {R}\n" in src
+    # the SiTU member: N / 2 outputs in R / 2-column CTAs; the others ceil(N / R) CTAs of R rows
+    ctas = sum((n // 2) // (R // 2) if j == member else -(-n // R) for j, n in enumerate(Ns))
+    assert f"CTAS = {ctas}" in src
+    assert f"make(BFloat16, (m, {Ns[member] // 2}))" in src.replace(", stride_order=(1, 0), assumed_align=16", "")
+    with pytest.raises(ValueError, match="mma"):
+        gemv.render_group_source(Ns, 7168, 8, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1},
+                                 situ=((member,), 4.0, 25.0))
 
 
 def test_gemv_group_config_route_and_unchanged_singles(monkeypatch):

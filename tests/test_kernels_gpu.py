@@ -91,11 +91,12 @@ def test_fused_residual_norm_weight_pair(M):
 
 
 @pytest.mark.parametrize("M", [1, 2, 4])
-@pytest.mark.parametrize("norm,xf32,act", [(True, True, "situ"), (True, False, "none"), (False, False, "situ")])
-def test_gemv_fusions_match_reference(M, norm, xf32, act):
+@pytest.mark.parametrize("N,K,norm,xf32,act", [(1536, 7168, True, True, "situ"), (1536, 7168, True, False, "none"),
+                                               (1536, 7168, False, False, "situ"), (7168, 3584, True, True, "none"),
+                                               (7168, 3584, True, False, "none")])
+def test_gemv_fusions_match_reference(M, N, K, norm, xf32, act):
     from k3fuse import ops
     from k3fuse.codegen import gemv
-    N, K = 1536, 7168
     x = torch.randn(M, K, device="cuda") * 3
     x = x if xf32 else x.to(torch.bfloat16)
     w = bf(N, K, scale=K ** -0.5)
@@ -233,6 +234,57 @@ def test_linear_group_op_and_graph_capture(M, monkeypatch):
         torch.cuda.synchronize()
         for o, w in zip(outs, ws):
             assert rel(o, x.double() @ w.double().t()) < 1e-2
+
+
+@pytest.mark.parametrize("M", [1, 2, 3])
+@pytest.mark.parametrize("Ns,member,cfg", [([3584, 768], 1, None),
+                                           ([768, 1001, 384], 0, {"variant": "simt", "R": 4, "W": 8}),
+                                           ([130, 768], 1, {"variant": "simt", "R": 2, "W": 4})])
+def test_gemv_group_situ_matches_reference(Ns, member, cfg, M):
+    """The grouped GEMV with the SiTU-GLU epilogue on one member (pass fuse_situ_glu_into_linear_group), poisoned
+    outputs: the SiTU member against situ_glu of the fp64 product, the others against the product."""
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    K = 7168
+    cfg = cfg or gemv.group_config_for(Ns, K, bucket_for(M))
+    x = bf(M, K)
+    ws = [bf(n, K, scale=(3 if j == member else 1) * K ** -0.5) for j, n in enumerate(Ns)]
+    ys = [torch.full((M, n // 2 if j == member else n), float("nan"), device="cuda", dtype=torch.bfloat16)
+          for j, n in enumerate(Ns)]
+    gemv.linear_group(x, ws, cfg, outs=ys, situ=((member,), 4.0, 25.0))
+    for j, (y, w) in enumerate(zip(ys, ws)):
+        r = (x.double() @ w.double().t()).to(torch.bfloat16)
+        if j == member:
+            r = ops.situ_glu._init_fn(r, 4.0, 25.0)
+        assert rel(y, r) < 1e-2, (j, w.shape)
+
+
+@pytest.mark.parametrize("M", [1, 2, 8])
+def test_linear_group_situ_op_and_graph_capture(M):
+    """k3fuse::linear_group_situ through its registered CUDA impl on the K3 TP16-width MoE group: the fused kernel at
+    the simt buckets, the split fallback (grouped GEMV + SiTU reference) at M = 8; replayed in a CUDA graph with
+    poisoned outputs."""
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    registry.register()
+    K = 7168
+    x = bf(M, K)
+    ws = [bf(3584, K, scale=K ** -0.5), bf(768, K, scale=3 * K ** -0.5)]
+    outs = []
+
+    def body():
+        outs[:] = torch.ops.k3fuse.linear_group_situ(x, ws, 1, 4.0, 25.0)
+
+    def check():
+        assert outs[0].shape == (M, 3584) and outs[1].shape == (M, 384)
+        assert rel(outs[0], x.double() @ ws[0].double().t()) < 1e-2
+        gu = (x.double() @ ws[1].double().t()).to(torch.bfloat16)
+        assert rel(outs[1], ops.situ_glu._init_fn(gu, 4.0, 25.0)) < 1e-2
+
+    body()
+    check()
+    graph_replays_poisoned(body, lambda: x.copy_(bf(M, K)), outs, check)
 
 
 @pytest.mark.parametrize("M", [1, 4, 8])

@@ -75,13 +75,15 @@ def test_canonicalize_ops(tiny_tp1):
     n_grouped = 6 * n_kda + 3 * n_mla + 2 * n_moe
     #   then the routed_expert_norm (MoE) and q_a_layernorm (MLA) went into their GEMV (rms_norm_linear)
     n_nl = n_moe + n_mla
+    #   and each MoE group took the shared expert's SiTU-GLU as its epilogue (linear_group_situ)
     assert after == {"k3fuse.fused_residual_norm": 2 * L,
                      "k3fuse.linear": n_linear - 2 * L - n_grouped - n_kda - n_nl, "k3fuse.rms_norm_linear": n_nl,
-                     "k3fuse.linear_group": n_kda + n_mla + n_moe,
+                     "k3fuse.linear_group": n_kda + n_mla, "k3fuse.linear_group_situ": n_moe,
                      "k3fuse.rms_norm": n_norm - 2 * L - n_kda - n_nl, "k3fuse.router_topk": n_moe,
-                     "k3fuse.situ_glu": 1 + n_moe, "k3fuse.kda_decode_": n_kda,
+                     "k3fuse.situ_glu": 1, "k3fuse.kda_decode_": n_kda,
                      "k3fuse.mla_attention": n_mla, "k3fuse.moe_experts": n_moe}
     assert matches(s)["fuse_kda_conv_gated_norm"] == n_kda
+    assert matches(s)["fuse_situ_glu_into_linear_group"] == n_moe
     assert matches(s)["write_kda_state_in_place"] == n_kda          # then writes its states in place
     assert err < 1e-4
 
@@ -172,7 +174,7 @@ def test_determinism_and_uuid(tmp_path):
     assert [p["uuid"] for p in s1["passes"]] == [p["uuid"] for p in s2["passes"]]
     da, db = sorted((tmp_path / "a").glob("graph_*"))[-1], sorted((tmp_path / "b").glob("graph_*"))[-1]
     fa = sorted(p.name for p in da.glob("*.py"))
-    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 16     # 8 passes x before / after
+    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 18     # 9 passes x before / after
     assert (da / fa[-1]).read_text() == (db / fa[-1]).read_text()
 
 
@@ -208,6 +210,7 @@ def test_passes_tp_numerics_and_matches(tp_compiled, tp):
         assert m["insert_prefetch"] > 0
         # KDA (4) and MLA (2) input projections; the MoE's were taken apart by the split (side stream, 1/t)
         assert m["fuse_shared_input_linears"] == 6 and ops["k3fuse.linear_group"] == 6
+        assert m["fuse_situ_glu_into_linear_group"] == 0 and "k3fuse.linear_group_situ" not in ops
         # the router runs 1/t per rank: no replicated router_topk left, one gather per router / down projection
         assert "k3fuse.router_topk" not in ops and ops["k3fuse.router_logits"] == 5
         # router+z merged into one k3fuse.all_gather per MoE layer (its CUDA impl may gather in-kernel); the
@@ -302,7 +305,10 @@ def test_k3_layout_match_counts():
     assert ops["k3fuse.router_topk"] == 92 and ops["k3fuse.fused_residual_norm"] == 186
     # one group of the normed input's linears per layer except the dense layer 0 (69 KDA of 6, 24 MLA of 3,
     # 92 MoE of 2 at TP = 1); left: lm_head, dense gate_up, MLA q_b, MoE routed up, (o_proj/down fused)
-    assert matches(s)["fuse_shared_input_linears"] == 185 and ops["k3fuse.linear_group"] == 185
+    assert matches(s)["fuse_shared_input_linears"] == 185
+    # the 92 MoE groups took the shared expert's SiTU-GLU as their epilogue; the dense layer 0's stays
+    assert matches(s)["fuse_situ_glu_into_linear_group"] == 92
+    assert ops["k3fuse.linear_group"] == 93 and ops["k3fuse.linear_group_situ"] == 92 and ops["k3fuse.situ_glu"] == 1
     # KDA f_b: inside kda_decode; MLA q_b and MoE routed up: with their norm (rms_norm_linear)
     assert ops["k3fuse.linear"] == 1 + 1 and ops["k3fuse.rms_norm_linear"] == 24 + 92
     assert matches(s)["fuse_rms_norm_into_linear"] == 116
