@@ -313,7 +313,7 @@ def _fused_gemv(op, x, weight, norm_w, eps, act, beta, lbeta):
 def rms_norm_linear_cuda(x, norm_w, eps, weight):
     # where the lowering would have inlined the op (inner compiler "eager" has no lowering): the parts, as there
     if not _rms_norm_linear_applies(x, norm_w, eps, weight):
-        log_fallback("k3fuse::rms_norm_linear", "outside KERNEL_APPLIES (M > 4, or a weight that measured slower)")
+        log_fallback("k3fuse::rms_norm_linear", "outside KERNEL_APPLIES (M > 4, or a weight over the size limit)")
         return linear_cuda(_ref("rms_norm")(x, norm_w, eps, weight.dtype), weight)
     return _fused_gemv("k3fuse::rms_norm_linear", x, weight, norm_w, eps, "none", 4.0, 25.0)
 
@@ -330,19 +330,21 @@ def rms_norm_linear_situ_glu_cuda(x, norm_w, eps, weight, beta, linear_beta):
 # block reduction over x in every CTA before its weight loads): MLA's q_b (1152 x 1536, 3.5 MB) 3.4 us fused = 3.4 us
 # plain; the routed up projection (7168 x 3584, 51 MB) 15.8-19.5 us fused against 13.0-13.2 plain, a loss larger
 # than the norm kernel it removes (1.9 us). Session 8 moved the per-row scale into the epilogue (templates/
-# gemv_simt.py.jinja): the main loop is the plain one. Fused up to this weight size; K3FUSE_NORM_LINEAR_MAX_MB
-# overrides it (the A/B in benchmarks/validate_pending.sh).
-NORM_PROLOGUE_MAX_WEIGHT_BYTES = int(float(os.environ.get("K3FUSE_NORM_LINEAR_MAX_MB", "16")) * 2**20)
+# gemv_simt.py.jinja): the main loop is the plain one. The routed up (51 MB, fp32 x) then ran 16.7 us fused against
+# 14.5-14.7 plain + a 2.3 us norm kernel and a break in the PDL chain; in the layer (A/B twice in one call, session 8)
+# KDA TP16 M = 2 139 / 138 -> 132 / 131 us, MLA M = 1 142 / 133 -> 129 / 129. So every K3 weight behind a norm is
+# fused now (the largest is that 51 MB one). K3FUSE_NORM_LINEAR_MAX_MB=16 restores the old limit (for A/B runs).
+NORM_PROLOGUE_MAX_WEIGHT_BYTES = int(float(os.environ.get("K3FUSE_NORM_LINEAR_MAX_MB", "64")) * 2**20)
 
 
 def rms_norm_linear_split_reason(M: int, weight_bytes: int):
     """None where the RMSNorm-prologue GEMV runs, else why the op is split back into rms_norm + linear: the fused
-    GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only), and the prologue measured slower on large weights
+    GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only), and weights are bounded by NORM_PROLOGUE_MAX_WEIGHT_BYTES
     (NORM_PROLOGUE_MAX_WEIGHT_BYTES). Also the `k3fuse kernels` plan's reason."""
     if not 1 <= M <= FUSED_MAX_M:
         return f"M = {M} outside 1..{FUSED_MAX_M}: split back into rms_norm + linear"
     if weight_bytes > NORM_PROLOGUE_MAX_WEIGHT_BYTES:
-        return f"weight over {NORM_PROLOGUE_MAX_WEIGHT_BYTES >> 20} MiB: split back (measured slower)"
+        return f"weight over {NORM_PROLOGUE_MAX_WEIGHT_BYTES >> 20} MiB: split back (K3FUSE_NORM_LINEAR_MAX_MB)"
     return None
 
 

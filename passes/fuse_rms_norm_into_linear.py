@@ -1,6 +1,6 @@
 """fuse_rms_norm_into_linear: `k3fuse.rms_norm` feeding only one `k3fuse.linear` becomes `k3fuse.rms_norm_linear`
-(the GEMV with the RMSNorm as its prologue: every CTA reduces the row's sum of squares itself, then scales the x
-vectors it loads).
+(the GEMV with the RMSNorm fused: every CTA multiplies the x vectors it loads by the norm weight, sums their squares
+alongside the dot products, and scales its outputs by the row's rsqrt(mean(x^2) + eps) in the epilogue).
 
 Where it fires in K3: per MoE layer (92) the routed_expert_norm over the routed experts' combined output before the
 routed latent up-projection; per MLA layer (24) q_a_layernorm before q_b. 116 in K3. On the H200 each such norm was
@@ -9,9 +9,9 @@ a separate Inductor kernel at M = 1 (a launch, ~1-2 us plus its gap). The other 
 cache, not a GEMV.
 
 Only where the norm's weight, its output dtype and the GEMV weight share one dtype (what the fused kernel
-computes: bf16(bf16(x * rstd) * norm_w) @ w^T). The kernel exists for M <= 4 only, and measured a gain only for
-small weights (q_b; the 51 MB routed up projection got slower, codegen/registry.py NORM_PROLOGUE_MAX_WEIGHT_BYTES):
-elsewhere the lowering inlines the op's reference, rms_norm + linear (compiler/lowering.py, KERNEL_APPLIES), so
+computes from x * norm_w). The kernel exists for M <= 4 only (codegen/registry.py NORM_PROLOGUE_MAX_WEIGHT_BYTES
+also bounds the weight; every K3 weight behind a norm is under it since session 8, when the norm moved from a
+prologue, which made the 51 MB routed up slower, to the epilogue): elsewhere the lowering inlines the op's reference, rms_norm + linear (compiler/lowering.py, KERNEL_APPLIES), so
 the graph after this pass is the same for every batch size and GPU. Runs after `fuse_shared_input_linears` (a norm
 feeding a group stays unfused) and before `insert_prefetch`, which reads the fused op's weight.
 """
