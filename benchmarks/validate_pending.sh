@@ -30,12 +30,14 @@ if [ "$part" = tests ]; then
     echo "runtime graphs rc=$? $(tail -1 "$L/log_runtime.txt")" | tee -a "$S"
     tar czf "$OUT/logs_tests.tgz" -C "$L" .
 elif [ "$part" = table ]; then
-    timeout 120 python3 benchmarks/gpu_kernels.py --out "$L/gk" --shapes tp8,tp16 --ms 1,8 > "$L/gk.txt" 2>&1
-    echo "gemv table rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gk.txt" | tee -a "$S"
+    timeout 60 python3 benchmarks/fused_norm_tune.py --out "$L" > "$L/fnt.txt" 2>&1
+    echo "fused norm configs rc=$?" | tee -a "$S"; grep "^M " "$L/fnt.txt" | tee -a "$S"
     timeout 400 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 1,8,64 --top 16 \
         > "$L/lb.txt" 2>&1
     echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
-    cp "$L"/layer_bench.json "$OUT/" 2>/dev/null
+    cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
+    timeout 100 python3 benchmarks/gpu_kernels.py --out "$L/gk" --shapes tp8,tp16 --ms 1,8 > "$L/gk.txt" 2>&1
+    echo "gemv table rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gk.txt" | tee -a "$S"
     tar czf "$OUT/logs_table.tgz" -C "$L" .
 elif [ "$part" = wsmem ]; then
     K3FUSE_GEMV_WSMEM=1 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py \
