@@ -233,6 +233,11 @@ def fusion_supports(N: int, K: int, bucket: int, cfg: dict, fusion: dict) -> Opt
     return None
 
 
+# tuning-table family of the fused RMSNorm GEMV (benchmarks/fused_norm_tune.py): a simt config, or {"variant":
+# "torch"} where the norm kernel + plain GEMV measured faster (codegen/registry.py rms_norm_linear_split_reason)
+NORM_FAMILY = "gemv_norm"
+
+
 def default_fused_config(N: int, K: int, bucket: int, fusion: dict, gpu: Optional[str] = None) -> dict:
     """A fused kernel with the SiTU-GLU epilogue reads 2R weight rows per CTA, so it mirrors the plain simt
     config with twice the rows. Chosen from the plain simt timings of 2026-11-29 (RESULTS.md: R = 2-4 rows,
@@ -240,13 +245,14 @@ def default_fused_config(N: int, K: int, bucket: int, fusion: dict, gpu: Optiona
     (R = 4, W = 4) only."""
     situ = fusion.get("act", "none") == "situ"
     if not situ:
-        # the RMSNorm scale sits in the epilogue, so a norm-only kernel has the plain simt main loop (plus one FMA
-        # per x element): the plain kernel's tuned config applies where it is a simt one
-        tuned = tuning.lookup(FAMILY, (N, K), bucket, gpu)
-        if tuned is not None and tuned.get("variant") == "simt":
-            cfg = _clean(tuned)
-            if supports(N, K, bucket, cfg) is None:
-                return cfg
+        # the RMSNorm scale sits in the epilogue, so a norm-only kernel has the plain simt main loop plus the norm
+        # weight and x^2: its own table entry (NORM_FAMILY) first, else the plain kernel's tuned simt config
+        for fam in (NORM_FAMILY, FAMILY):
+            tuned = tuning.lookup(fam, (N, K), bucket, gpu)
+            if tuned is not None and tuned.get("variant") == "simt":
+                cfg = _clean(tuned)
+                if supports(N, K, bucket, cfg) is None:
+                    return cfg
     no = N // 2 if situ else N
     r_plain = 2 if bucket == 1 else 4
     r_pref = max(1, r_plain // 2) if situ else r_plain

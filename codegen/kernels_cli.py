@@ -130,7 +130,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
     for name in ("mla.q_b", "routed.up"):
         N, K = shapes[name]
         for b in buckets:
-            why = registry.rms_norm_linear_split_reason(b, N * K * 2)
+            why = registry.rms_norm_linear_split_reason(b, N * K * 2, (N, K), gpu=_gpu_for(arch))
             if why:
                 skipped.append(dict(op="k3fuse::rms_norm_linear", name=name, shape=dict(N=N, K=K), bucket=b,
                                     reason=why))

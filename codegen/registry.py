@@ -337,7 +337,7 @@ def rms_norm_linear_situ_glu_cuda(x, norm_w, eps, weight, beta, linear_beta):
 NORM_PROLOGUE_MAX_WEIGHT_BYTES = int(float(os.environ.get("K3FUSE_NORM_LINEAR_MAX_MB", "64")) * 2**20)
 
 
-def rms_norm_linear_split_reason(M: int, weight_bytes: int):
+def rms_norm_linear_split_reason(M: int, weight_bytes: int, shape=None, gpu=None):
     """None where the RMSNorm-prologue GEMV runs, else why the op is split back into rms_norm + linear: the fused
     GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only), and weights are bounded by NORM_PROLOGUE_MAX_WEIGHT_BYTES
     (NORM_PROLOGUE_MAX_WEIGHT_BYTES). Also the `k3fuse kernels` plan's reason."""
@@ -345,6 +345,12 @@ def rms_norm_linear_split_reason(M: int, weight_bytes: int):
         return f"M = {M} outside 1..{FUSED_MAX_M}: split back into rms_norm + linear"
     if weight_bytes > NORM_PROLOGUE_MAX_WEIGHT_BYTES:
         return f"weight over {NORM_PROLOGUE_MAX_WEIGHT_BYTES >> 20} MiB: split back (K3FUSE_NORM_LINEAR_MAX_MB)"
+    if shape is not None:
+        from . import gemv, tuning
+        from .buckets import bucket_for
+        t = tuning.lookup(gemv.NORM_FAMILY, tuple(shape), bucket_for(M), gpu)
+        if t is not None and t.get("variant") == "torch":
+            return f"tuning table: norm kernel + plain GEMV faster for {shape[0]}x{shape[1]} at bucket {bucket_for(M)}"
     return None
 
 
@@ -352,7 +358,8 @@ def _rms_norm_linear_applies(x, norm_w, eps, weight) -> bool:
     """Where not, the lowering inlines the op's reference, rms_norm (Inductor fuses it) + linear (the tuned GEMV),
     and rms_norm_linear_cuda runs those two parts."""
     M = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    return isinstance(M, int) and rms_norm_linear_split_reason(M, weight.numel() * weight.element_size()) is None
+    return isinstance(M, int) and rms_norm_linear_split_reason(M, weight.numel() * weight.element_size(),
+                                                                tuple(weight.shape)) is None
 
 
 KERNEL_APPLIES = {"rms_norm_linear": _rms_norm_linear_applies, "linear_group_situ": _linear_group_situ_applies}

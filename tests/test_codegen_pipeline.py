@@ -157,7 +157,7 @@ def test_tuning_table_entries_render():
     for p in tables:
         for key, per_bucket in json.loads(p.read_text())["entries"].items():
             family, shape = key.split(":")
-            assert family in ("gemv", "moe_experts"), key
+            assert family in ("gemv", "gemv_norm", "moe_experts"), key
             if family == "moe_experts":
                 E, I, D, KT = (int(v) for v in shape.split("x"))
                 for b, cfg in per_bucket.items():
@@ -172,6 +172,11 @@ def test_tuning_table_entries_render():
             for b, cfg in per_bucket.items():
                 if cfg["variant"] == "torch":
                     continue
-                compile(gemv.render_source(N, K, int(b), gemv._clean(cfg))[1], key, "exec")
+                if family == "gemv_norm":     # the fused RMSNorm GEMV takes its entry as is (default_fused_config)
+                    fusion = dict(norm=True, x_fp32=True)
+                    assert gemv.default_fused_config(N, K, int(b), fusion, gpu=p.stem) == gemv._clean(cfg), (key, b)
+                    compile(gemv.render_source(N, K, int(b), gemv._clean(cfg), fusion)[1], key, "exec")
+                else:
+                    compile(gemv.render_source(N, K, int(b), gemv._clean(cfg))[1], key, "exec")
                 n += 1
     assert n > 50 and n_moe >= 2

@@ -77,6 +77,19 @@ def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, applies
     assert torch.equal(gm(*ins)[0], ref) and ref.abs().sum() > 0
 
 
+def test_kernel_applies_per_the_h200_table(monkeypatch):
+    """The H200 table's gemv_norm entry for the routed up: fused (simt R = 4, W = 2) at buckets 1-2, split back at
+    bucket 4 where the norm kernel + the plain (mma) GEMV measured faster (benchmarks/fused_norm_tune.py)."""
+    from k3fuse.codegen import gemv, registry, tuning
+    bf = torch.bfloat16
+    monkeypatch.setattr(tuning, "current_gpu", lambda: "nvidia_h200")
+    applies = registry.KERNEL_APPLIES["rms_norm_linear"]
+    up = torch.empty(7168, 3584, dtype=bf)
+    assert applies(torch.empty(2, 3584, dtype=bf), None, 1e-5, up)
+    assert not applies(torch.empty(4, 3584, dtype=bf), None, 1e-5, up)
+    assert gemv.default_fused_config(7168, 3584, 1, dict(norm=True)) == {"variant": "simt", "R": 4, "W": 2}
+
+
 def test_kernel_applies_where_it_measured_faster():
     """codegen's predicate for the lowering: the fused kernel at M <= 4 and weights up to the measured size limit
     (MLA q_b and, since the norm's scale moved into the epilogue (session 8), the 51 MB routed up projection too;
