@@ -92,3 +92,16 @@ for l in sys.stdin:
     done
     tar czf "$OUT/logs_fusions.tgz" -C "$L" .
 fi
+# Session 8 call 5: the layer with the fused-norm table entry (twice), and the small K3 GEMVs tuned at M = 1, 2
+if [ "$part" = s8c5 ]; then
+    for a in r1 r2; do
+        timeout 80 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,2 --skip inductor --top 16 \
+            --tag "_$a" > "$L/lb_$a.txt" 2>&1
+        echo "layer $a rc=$? $(grep -E '^(kda|mla) +16 +(1|2) ' "$L/lb_$a.txt" | tr -s ' ' | tr '\n' '|')" | tee -a "$S"
+        grep -A4 "k3fuse kda tp16 M1:" "$L/lb_$a.txt" | tee -a "$S"
+    done
+    timeout 120 python3 benchmarks/gpu_kernels.py --out "$L/gkt" --shapes 7168x384,7168x768,768x7168 --ms 1,2 --tune \
+        > "$L/gkt.txt" 2>&1
+    echo "gemv tune rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gkt.txt" | tee -a "$S"
+    tar czf "$OUT/logs_s8c5.tgz" -C "$L" .
+fi
