@@ -1,16 +1,11 @@
 #!/bin/bash
-# What has not run on a GPU yet, for one device call each on an nvidia-h200 (each part < 10 minutes):
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh tests   # GPU suite + compute-sanitizer
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh table   # GEMV table + layer table
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh wsmem   # opt-in K3FUSE_GEMV_WSMEM=1: tests + A/B
-# After session 7: the GEMVs trigger their PDL dependents after the main loop (templates/_pdl_chain.jinja
-# late_trigger; the same kernel code ran in session 7 call 6, on six GEMV shapes and one layer round). Not run with
-# it: the GPU test suite, compute-sanitizer, the full GEMV table and the layer table (TP16 / TP8, M = 1, 8, 64).
-# Written in session 7 after the device time ran out, never run on a GPU: K3FUSE_GEMV_WSMEM=1 (GEMVs copy their
-# weight rows into shared memory by cp.async.bulk before the chain's wait; codegen/gemv.py): its GPU test,
-# memcheck, and the layer A/B against the default (arms interleaved twice).
-# Logs go to /tmp/k3v and come back as one tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after
-# every step, so a cut call still returns what ran.
+# GPU checks and A/Bs, one device call each on an nvidia-h200 (each part < 10 minutes):
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh tests     # GPU suite + compute-sanitizer + graphs
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh table     # fused-norm configs, layer + GEMV tables
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh fusions   # session 8's two epilogue fusions: A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s8c5      # layer twice + small-GEMV tuning
+# All four ran in session 8 (RESULTS.md "Session 8"); nothing is pending. Logs go to /tmp/k3v and come back as one
+# tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
 S="$OUT/summary.txt"
 part=${1:-tests}
@@ -39,27 +34,6 @@ elif [ "$part" = table ]; then
     timeout 100 python3 benchmarks/gpu_kernels.py --out "$L/gk" --shapes tp8,tp16 --ms 1,8 > "$L/gk.txt" 2>&1
     echo "gemv table rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gk.txt" | tee -a "$S"
     tar czf "$OUT/logs_table.tgz" -C "$L" .
-elif [ "$part" = wsmem ]; then
-    K3FUSE_GEMV_WSMEM=1 timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py \
-        -k "via_smem or gemv_matches or group_matches or fusions_match" > "$L/log_wsmem_tests.txt" 2>&1
-    echo "tests with K3FUSE_GEMV_WSMEM=1 rc=$? $(tail -1 "$L/log_wsmem_tests.txt")" | tee -a "$S"
-    grep -E "^FAILED|^ERROR" "$L/log_wsmem_tests.txt" | head -5 | tee -a "$S"
-    K3FUSE_GEMV_WSMEM=1 timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
-        python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py -k "via_smem or (gemv_matches and not 64)" \
-        > "$L/log_wsmem_sanitizer.txt" 2>&1
-    echo "sanitizer rc=$? $(grep -E 'ERROR SUMMARY' "$L/log_wsmem_sanitizer.txt" | tail -1)" | tee -a "$S"
-    for a in ws1_1 ws0_1 ws1_2 ws0_2; do
-        w=${a#ws}; w=${w%_*}
-        K3FUSE_GEMV_WSMEM=$w timeout 80 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,2 \
-            --skip inductor --top 16 --tag "_$a" > "$L/lb_$a.txt" 2>&1
-        echo "layer $a rc=$? $(grep -E '^(kda|mla) +16 +(1|2) ' "$L/lb_$a.txt" | tr -s ' ' | tr '\n' '|')" | tee -a "$S"
-    done
-    for w in 1 0; do
-        K3FUSE_GEMV_WSMEM=$w timeout 50 python3 benchmarks/gpu_kernels.py --out "$L/gk_ws$w" \
-            --shapes 768x7168,896x7168,3216x7168,7168x3584 --ms 1,2 > "$L/gk_ws$w.txt" 2>&1
-        echo "gemv K3FUSE_GEMV_WSMEM=$w rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gk_ws$w.txt" | tee -a "$S"
-    done
-    tar czf "$OUT/logs_wsmem.tgz" -C "$L" .
 fi
 # Session 8: the fused RMSNorm's scale in the GEMV epilogue (routed up 7168 x 3584 fused at M <= 4 with
 # K3FUSE_NORM_LINEAR_MAX_MB=64) and the SiTU-GLU epilogue of the MoE group (linear_group_situ): GPU tests, memcheck,

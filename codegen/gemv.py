@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Optional
 
 from . import tuning
@@ -185,32 +184,6 @@ def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     return p
 
 
-# ------------------------------------------------------------------------------- weights via shared memory
-# K3FUSE_GEMV_WSMEM=1 (opt-in, session 7; compiled in CI, not yet run on a GPU): the GEMV's CTAs copy their
-# weight rows into shared memory with the copy engine (cp.async.bulk + mbarrier) BEFORE the PDL chain's
-# griddepcontrol.wait, so a GEMV whose CTAs are resident while a latency-bound kernel runs (benchmarks/pdl_probe.py:
-# inside a CUDA graph they are) streams its weights meanwhile; the L2 bulk-prefetch version of this idea measured no
-# gain (RESULTS.md session 7). Only where a CTA's rows fit in WSMEM_MAX_BYTES of shared memory (simt R = 1-2 rows at
-# K = 7168; mma 16-row CTAs up to K = 1024, e.g. the TP16 o_proj 7168 x 768), so that enough CTAs stay resident.
-WSMEM_MAX_BYTES = 32 * 1024
-
-
-def weight_smem() -> bool:
-    """Read at render time, like render.pdl_chain(): fixed per process (the memos do not key on it; set it before
-    the first kernel is built, or call codegen.compile.clear_memo())."""
-    return os.environ.get("K3FUSE_GEMV_WSMEM", "0") == "1"
-
-
-def _wsmem_params(cfg: dict, K: int, situ: bool) -> dict:
-    if not weight_smem() or cfg.get("pdl"):
-        return {}
-    if cfg["variant"] == "mma":
-        rows = 16 * cfg.get("RT", 1) * cfg.get("WN", 1)
-    else:
-        rows = cfg["R"] * (2 if situ else 1)
-    return {"WSMEM": True} if rows * K * 2 <= WSMEM_MAX_BYTES else {}
-
-
 # ------------------------------------------------------------------------------------------ fusions
 # fusion = {"norm": bool, "eps": float, "x_fp32": bool, "act": "none" | "situ", "beta": float, "lbeta": float}
 #   norm: fused RMSNorm (k3fuse::rms_norm(x, norm_w, eps) feeding the GEMV; x bf16 or fp32), its per-row scale applied
@@ -272,7 +245,6 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
         raise ValueError(why)
     template = f"gemv_{cfg['variant']}.py.jinja"
     params = template_params(N, K, bucket, cfg)
-    params.update(_wsmem_params(cfg, K, fusion["act"] == "situ"))
     if fused:
         params.update(NORM=bool(fusion["norm"]), XF32=bool(fusion["x_fp32"]), EPS=repr(float(fusion["eps"])),
                       ACT=fusion["act"], BETA=repr(float(fusion["beta"])), LBETA=repr(float(fusion["lbeta"])))
@@ -431,8 +403,6 @@ def group_situ_supports(Ns, K: int, bucket: int, cfg: dict, situ_members) -> Opt
         return f"the grouped SiTU-GLU epilogue is generated for the simt variant only (not {cfg['variant']})"
     if cfg["R"] % 2:
         return f"R = {cfg['R']} is odd (a SiTU member's CTA takes R / 2 gate and R / 2 up rows)"
-    if weight_smem():
-        return "K3FUSE_GEMV_WSMEM=1 stages plain rows only"
     for j in situ_members:
         if not 0 <= j < len(Ns) or Ns[j] % 2 or (Ns[j] // 2) % (cfg["R"] // 2):
             return f"member {j} ({Ns[j] if 0 <= j < len(Ns) else '?'} rows) is not [gate; up] in R / 2-row tiles"
@@ -461,8 +431,6 @@ def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None,
     params.update(GROUP=group, GPRED=any(n % tile for j, n in enumerate(Ns) if j not in members))
     if members:
         params.update(GSITU=True, BETA=repr(float(situ[1])), LBETA=repr(float(situ[2])))
-    else:
-        params.update(_wsmem_params(cfg, K, False))
     if cfg["variant"] == "mma":
         params["PRED_N"] = False     # per-member row predication (GPRED) instead
     return template, render(template, **params), cfg

@@ -103,7 +103,6 @@ def test_cache_hit_corrupt_rebuild_and_arch_key(tmp_path):
 def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     from k3fuse.codegen import kernels_cli
     monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
-    monkeypatch.delenv("K3FUSE_GEMV_WSMEM", raising=False)
     out = tmp_path / "kout"
     rc = kernels_cli.main(["--config", "tiny", "--tp", "1", "--batch", "1,100", "--arch", "sm_90a",
                            "--out", str(out)])
@@ -111,7 +110,6 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     m = json.loads((out / "manifest.json").read_text())
     assert m["arch"] == "sm_90a" and m["config"] == "tiny"
     assert m["pdl_chain"] is True                      # the default: the layer's kernels launch as a PDL chain
-    assert m["gemv_weights_via_smem"] is False         # K3FUSE_GEMV_WSMEM is opt-in
     fams = {k["family"] for k in m["kernels"]}
     # tiny's KDA head dim (16) has no kda_decode kernel: listed as skipped with the reason
     assert fams == {"gemv", "fused_residual_norm", "prefetch_l2", "moe_experts", "router_topk"}
@@ -417,59 +415,3 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
             assert wait >= 0 and (not mem or wait < min(mem)), name
             if name.startswith("gemv"):     # the late trigger: after every weight / x load of the main loop
                 assert entry.rfind("ld.global") < entry.find("griddepcontrol.launch_dependents"), name
-
-
-# K3FUSE_GEMV_WSMEM=1 (opt-in): simt GEMVs copy their weight rows into shared memory with the copy engine before the
-# PDL chain's wait; plain, fp32-out, SiTU epilogue, norm prologue and grouped kernels
-WSMEM_CASES = [("plain", [768], 7168, 1, {"variant": "simt", "R": 1, "W": 8}, None),
-               ("plain", [896], 7168, 2, {"variant": "simt", "R": 2, "W": 8}, dict(y_fp32=True)),
-               ("plain", [1536], 7168, 1, {"variant": "simt", "R": 1, "W": 8}, dict(act="situ")),
-               ("plain", [2304], 1536, 4, {"variant": "simt", "R": 4, "W": 2}, dict(norm=True)),
-               ("group", [768, 40, 1536], 7168, 1, {"variant": "simt", "R": 2, "W": 8}, None),
-               ("plain", [7168], 768, 1, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}, None),
-               ("plain", [7184], 384, 2, {"variant": "mma", "W": 2, "U": 2, "WN": 2, "RT": 1, "KB": 1}, None),
-               ("group", [768, 40, 1536], 768, 4, {"variant": "mma", "W": 4, "U": 2, "WN": 1, "RT": 1, "KB": 1}, None)]
-
-
-@pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("kind,Ns,K,b,cfg,fusion", WSMEM_CASES)
-def test_gemv_weights_via_smem_compile(kind, Ns, K, b, cfg, fusion, arch, monkeypatch):
-    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
-
-    def build():
-        if kind == "group":
-            return gemv.build_group(Ns, K, b, cfg, arch=arch, load=False)
-        return gemv.build(Ns[0], K, b, cfg, arch=arch, load=False, fusion=fusion)
-    from k3fuse.codegen import compile as kcompile
-    monkeypatch.delenv("K3FUSE_GEMV_WSMEM", raising=False)
-    assert "WSMEM" not in build().source                   # off by default: sources unchanged
-    monkeypatch.setenv("K3FUSE_GEMV_WSMEM", "1")
-    kcompile.clear_memo()                                  # read at render time, like the PDL chain knob
-    k = build()
-    assert "WSMEM=True" in k.source.split("\n")[1]
-    if cfg["variant"] == "mma":     # BN rows per CTA (the last CTA of 7184 rows copies only its 16 valid ones)
-        rows = 16 * cfg["RT"] * cfg["WN"]
-        assert "mma.sync.aligned.m16n8k16" in ptx_of(k)
-    else:
-        rows = cfg["R"] * (2 if (fusion or {}).get("act") == "situ" else 1)
-    ptx = ptx_of(k)
-    bulk, wait = ptx.find("cp.async.bulk.shared::cluster.global.mbarrier"), ptx.find("griddepcontrol.wait")
-    assert 0 <= bulk < wait and ptx.count("cp.async.bulk.shared::cluster.global") == rows
-    assert "ld.global" not in ptx[:wait] and "ld.shared.v4" in ptx
-    loads = global_loads(ptx)
-    assert loads and all(is_128bit(l) for l in loads), f"non-128-bit global loads: {loads}"
-    assert "ld.local" not in ptx and "st.local" not in ptx
-    nd = _nvdisasm()
-    if nd is not None and arch == "sm_90a":
-        import subprocess
-        sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
-        assert 0 <= sass.find("UBLKCP") < sass.find("ACQBULK")    # the copies really issue before the wait
-
-
-def test_gemv_weights_via_smem_only_where_rows_fit(monkeypatch):
-    monkeypatch.setenv("K3FUSE_GEMV_WSMEM", "1")
-    assert "WSMEM" in gemv.render_source(768, 7168, 1, {"variant": "simt", "R": 2, "W": 8})[1]
-    assert "WSMEM" not in gemv.render_source(768, 7168, 1, {"variant": "simt", "R": 4, "W": 8})[1]   # 56 KB
-    mma = {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1}
-    assert "WSMEM" not in gemv.render_source(768, 7168, 8, mma)[1]       # 16 rows x 14 KB
-    assert "WSMEM" in gemv.render_source(7168, 768, 8, mma)[1]           # 16 rows x 1.5 KB

@@ -305,22 +305,20 @@ def test_rms_norm_linear_op(M, N, K):
 
 
 @pytest.mark.parametrize("M", [1, 2])
-def test_gemv_weights_via_smem_chain_in_graph(M, monkeypatch):
-    """K3FUSE_GEMV_WSMEM=1 under the PDL chain: grouped simt GEMV (partial member tiles) -> mma GEMV -> fused SiTU GEMV,
-    each reading what the kernel before it just wrote (so each is resident, copying its weights, while its predecessor
-    runs), in a CUDA graph, every buffer NaN-poisoned before each replay. (The kernels alone: the other GEMV tests
-    of this file with K3FUSE_GEMV_WSMEM=1 set, benchmarks/validate_pending.sh wsmem.)"""
+def test_gemv_chain_in_graph(M, monkeypatch):
+    """Under the PDL chain: grouped simt GEMV (partial member tiles) -> mma GEMV -> fused SiTU GEMV, each reading what
+    the kernel before it just wrote (so each is resident and waiting while its predecessor runs), in a CUDA graph,
+    every buffer NaN-poisoned before each replay."""
     from k3fuse.codegen import compile as kcompile
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
-    monkeypatch.setenv("K3FUSE_GEMV_WSMEM", "1")
     kcompile.clear_memo()           # the knob is read at render time: no earlier kernel, and none left for later tests
     try:
-        _weights_via_smem_chain(M)
+        _gemv_chain(M)
     finally:
         kcompile.clear_memo()
 
 
-def _weights_via_smem_chain(M):
+def _gemv_chain(M):
     from k3fuse import ops
     from k3fuse.codegen import gemv
     K, Ns = 7168, [768, 40, 1536]
@@ -337,7 +335,7 @@ def _weights_via_smem_chain(M):
     kd = gemv.build(K, Ns[0], M, {"variant": "mma", "W": 8, "U": 2, "WN": 1, "RT": 1, "KB": 1})  # the o_proj shape
     ks = gemv.build(2 * 768, K, M, simt, fusion=dict(act="situ"))
     for k in (kg, kd, ks):
-        assert "WSMEM=True" in k.source.split("\n")[1]
+        assert "PDL_CHAIN=True" in k.source.split("\n")[1]
 
     def body():
         torch.mul(src, 2.0, out=x)
