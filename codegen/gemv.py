@@ -395,6 +395,23 @@ def group_situ_config(cfg: dict) -> dict:
     return cfg
 
 
+# tuning-table family of the grouped GEMV with a SiTU-GLU member (benchmarks/group_situ_tune.py), keyed like the
+# plain group by its 16-row-padded concatenated shape
+GROUP_SITU_FAMILY = "gemv_group_situ"
+
+
+def group_situ_route(Ns, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[dict], str]:
+    """(config, "") for the grouped GEMV with a SiTU-GLU member, or (None, why): the table's own entry where it has
+    one, else the plain group's route with R made even (group_situ_config)."""
+    cfg, why = group_route(Ns, K, M, gpu)
+    if cfg is None:
+        return None, why
+    t = tuning.lookup(GROUP_SITU_FAMILY, (_group_rows(Ns), K), bucket_for(M), gpu)
+    if t is not None and t.get("variant") == "simt" and cfg["variant"] == "simt":
+        cfg = _clean(t)
+    return group_situ_config(cfg), ""
+
+
 def group_situ_supports(Ns, K: int, bucket: int, cfg: dict, situ_members) -> Optional[str]:
     """None if the grouped kernel can give the members in situ_members the SiTU-GLU epilogue with this config."""
     if not situ_members:

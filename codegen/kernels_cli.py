@@ -110,8 +110,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         if not name.endswith("sharedgateup"):
             continue
         for b in buckets:
-            routed, why = gemv.group_route(Ns, K, b, gpu=_gpu_for(arch))
-            c = gemv.group_situ_config(routed) if routed else None
+            c, why = gemv.group_situ_route(Ns, K, b, gpu=_gpu_for(arch))
             why = why or gemv.group_supports(Ns, K, b, c) or \
                 gemv.group_situ_supports(Ns, K, b, c, (len(Ns) - 1,))
             if why:

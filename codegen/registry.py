@@ -173,10 +173,9 @@ def _group_situ_cfg(x, weights, situ_member):
         return None, "K3FUSE_GROUPED_GEMV=0"
     if not isinstance(M, int) or not 1 <= M <= MAX_M:
         return None, f"M={M} outside 1..{MAX_M}"
-    cfg, why = gemv.group_route(Ns, K, M)
+    cfg, why = gemv.group_situ_route(Ns, K, M)
     if cfg is None:
         return None, why
-    cfg = gemv.group_situ_config(cfg)
     why = gemv.group_supports(Ns, K, gemv.bucket_for(M), cfg) or \
         gemv.group_situ_supports(Ns, K, gemv.bucket_for(M), cfg, (situ_member,))
     return (None, why) if why else (cfg, "")

@@ -157,7 +157,7 @@ def test_tuning_table_entries_render():
     for p in tables:
         for key, per_bucket in json.loads(p.read_text())["entries"].items():
             family, shape = key.split(":")
-            assert family in ("gemv", "gemv_norm", "moe_experts"), key
+            assert family in ("gemv", "gemv_norm", "gemv_group_situ", "moe_experts"), key
             if family == "moe_experts":
                 E, I, D, KT = (int(v) for v in shape.split("x"))
                 for b, cfg in per_bucket.items():
@@ -172,7 +172,13 @@ def test_tuning_table_entries_render():
             for b, cfg in per_bucket.items():
                 if cfg["variant"] == "torch":
                     continue
-                if family == "gemv_norm":     # the fused RMSNorm GEMV takes its entry as is (default_fused_config)
+                if family == "gemv_group_situ":   # keyed by the padded rows; rendered on the members it was tuned on
+                    Ns = cfg["members"]
+                    assert sum(-(-n // 16) * 16 for n in Ns) == N
+                    assert gemv.group_situ_route(Ns, K, int(b), gpu=p.stem)[0] == gemv._clean(cfg), (key, b)
+                    compile(gemv.render_group_source(Ns, K, int(b), gemv._clean(cfg), situ=((len(Ns) - 1,), 4.0, 25.0))[1],
+                            key, "exec")
+                elif family == "gemv_norm":   # the fused RMSNorm GEMV takes its entry as is (default_fused_config)
                     fusion = dict(norm=True, x_fp32=True)
                     assert gemv.default_fused_config(N, K, int(b), fusion, gpu=p.stem) == gemv._clean(cfg), (key, b)
                     compile(gemv.render_source(N, K, int(b), gemv._clean(cfg), fusion)[1], key, "exec")
