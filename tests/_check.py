@@ -26,3 +26,15 @@ def compiled_steps(cfg, dtype, M=3, steps=2, seed=0, **options):
         out = torch.stack([compiled(torch.randint(0, cfg.vocab_size, (M,), generator=g), cache)
                            for _ in range(steps)])
     return out, cache, LAST_PIPELINES[-1].summary
+
+
+def lower_with_kernels(gm, monkeypatch, with_kernel, op, applies):
+    """Run the lowering on gm as if exactly the ops in `with_kernel` had CUDA kernels and KERNEL_APPLIES[op] were
+    `applies`; returns (names of the ops lowered, op counts after)."""
+    from k3fuse import lowering
+    from k3fuse.backend import decompositions
+    from k3fuse.pipeline import op_counts
+    monkeypatch.setattr(lowering, "_has_kernel", lambda o, dev: o.name() in with_kernel)
+    monkeypatch.setitem(lowering.KERNEL_APPLIES, op, applies)
+    lowered = lowering.lower_unkerneled_ops(gm, decompositions())
+    return lowered, op_counts(gm.graph)

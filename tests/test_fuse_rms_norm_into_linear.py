@@ -2,12 +2,10 @@
 import pytest
 import torch
 
-from _check import compiled_steps
-from k3fuse import lowering
-from k3fuse.backend import decompositions
+from _check import compiled_steps, lower_with_kernels
 from k3fuse.models import KimiK3Config
 from k3fuse.passes.fuse_rms_norm_into_linear import FuseRmsNormIntoLinear
-from k3fuse.pipeline import PASS_NAMES, op_counts
+from k3fuse.pipeline import PASS_NAMES
 
 k3 = torch.ops.k3fuse
 
@@ -64,11 +62,8 @@ def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, applies
     ref = gm(*ins)[0]
     assert FuseRmsNormIntoLinear()(gm.graph) == 1
     gm.recompile()
-    with_kernel = {"k3fuse::rms_norm_linear", "k3fuse::linear"}
-    monkeypatch.setattr(lowering, "_has_kernel", lambda op, dev: op.name() in with_kernel)
-    monkeypatch.setitem(lowering.KERNEL_APPLIES, "rms_norm_linear", lambda x, *a: x.shape[0] <= 4)
-    lowered = lowering.lower_unkerneled_ops(gm, decompositions())
-    ops = op_counts(gm.graph)
+    lowered, ops = lower_with_kernels(gm, monkeypatch, {"k3fuse::rms_norm_linear", "k3fuse::linear"},
+                                      "rms_norm_linear", lambda x, *a: x.shape[0] <= 4)
     if applies:
         assert lowered == [] and ops["k3fuse.rms_norm_linear"] == 1
     else:

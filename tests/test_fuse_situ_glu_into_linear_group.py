@@ -2,9 +2,7 @@
 import pytest
 import torch
 
-from _check import compiled_steps
-from k3fuse import lowering
-from k3fuse.backend import decompositions
+from _check import compiled_steps, lower_with_kernels
 from k3fuse.models import KimiK3Config
 from k3fuse.passes import PassContext
 from k3fuse.passes.fuse_situ_glu_into_linear_group import FuseSituGluIntoLinearGroup
@@ -67,11 +65,8 @@ def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, applies
     ref = gm(*ins)
     assert FuseSituGluIntoLinearGroup()(gm.graph, PassContext(expect_matches=False)) == 1
     gm.recompile()
-    with_kernel = {"k3fuse::linear_group_situ", "k3fuse::linear_group"}
-    monkeypatch.setattr(lowering, "_has_kernel", lambda op, dev: op.name() in with_kernel)
-    monkeypatch.setitem(lowering.KERNEL_APPLIES, "linear_group_situ", lambda x, *a: x.shape[0] <= 2)
-    lowered = lowering.lower_unkerneled_ops(gm, decompositions())
-    ops = op_counts(gm.graph)
+    lowered, ops = lower_with_kernels(gm, monkeypatch, {"k3fuse::linear_group_situ", "k3fuse::linear_group"},
+                                      "linear_group_situ", lambda x, *a: x.shape[0] <= 2)
     if applies:
         assert lowered == [] and ops["k3fuse.linear_group_situ"] == 1
     else:
