@@ -9,6 +9,7 @@ one-shot in-kernel all-reduce goes (see the template's docstring).
 """
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from .render import render
@@ -18,16 +19,37 @@ TEMPLATE = "fused_residual_norm_mixnorm.py.jinja"
 MAX_BLOCKS = 8
 
 
+def mixnorm_cluster() -> int:
+    """K3FUSE_MIXNORM_CLUSTER=C (opt-in, session 8; compiled in CI, NOT yet run on a GPU): the mix-norm kernel runs
+    each row on a cluster of C CTAs (2..8) instead of one CTA, so C SMs load the row's ~10 source rows (one SM's
+    load bandwidth, ~170 KB per row at K3 widths, was the expected bound of the one-CTA kernel). Read when a kernel
+    is rendered, like render.pdl_chain(): fixed per process (call codegen.compile.clear_memo() after changing it)."""
+    c = int(os.environ.get("K3FUSE_MIXNORM_CLUSTER", "1") or 1)
+    if not 1 <= c <= 8:
+        raise ValueError(f"K3FUSE_MIXNORM_CLUSTER={c}: a cluster of 1..8 CTAs")
+    return c
+
+
+def cluster_for(H: int, has_norm: bool, cl: int) -> int:
+    """The cluster size the kernel gets: cl where it divides the row's vectors and the norm is fused (the cluster
+    variant's last barrier pairs with the norm's reduction), else 1."""
+    return cl if cl > 1 and has_norm and (H // 8) % cl == 0 else 1
+
+
 def mixnorm_params(H: int, nb: int, has_addend: bool, has_prefix: bool, has_norm: bool, fp32_norm: bool,
-                   mix_eps: float, norm_eps: float, wm_pair: bool = False) -> dict:
+                   mix_eps: float, norm_eps: float, wm_pair: bool = False, cl: int = 1) -> dict:
     hv = H // 8
-    threads = min(1024, -(-hv // 32) * 32)
-    vpt = -(-hv // threads)
+    cl = cluster_for(H, has_norm, cl)
+    hvc = hv // cl                  # vectors per CTA
+    threads = min(1024, -(-hvc // 32) * 32)
+    vpt = -(-hvc // threads)
     p = dict(H=H, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), HAS_NORM=bool(has_norm),
              FP32_NORM=bool(fp32_norm), MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)),
-             THREADS=threads, VPT=vpt, PRED_V=hv % threads != 0, ALLREDUCE=False)
+             THREADS=threads, VPT=vpt, PRED_V=hvc % threads != 0, ALLREDUCE=False)
     if wm_pair:     # only when set, so that the other kernels' sources and cache keys stay as they were
         p["WM_PAIR"] = True
+    if cl > 1:      # likewise
+        p.update(CL=cl, HVC=hvc)
     return p
 
 
@@ -52,7 +74,7 @@ def render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, 
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **mixnorm_params(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps,
-                                             wm_pair))
+                                             wm_pair, cl=mixnorm_cluster()))
 
 
 _built: dict = {}

@@ -76,6 +76,42 @@ def test_fused_residual_norm_compiles(arch, nb, addend, prefix, fp32, pair):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("cl,nb,addend,prefix", [(4, 3, False, True), (8, 8, True, True), (4, 0, True, False),
+                                                  (7, 2, False, True)])
+def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
+    """K3FUSE_MIXNORM_CLUSTER=cl: one row per cluster of cl CTAs, the reductions summed over DSMEM (mapa +
+    ld.shared::cluster) between cluster barriers; the PDL chain's wait still precedes every global access. Off by
+    default: the one-CTA source is unchanged."""
+    monkeypatch.delenv("K3FUSE_MIXNORM_CLUSTER", raising=False)
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
+    src1 = frn.render_mixnorm(7168, nb, addend, prefix, True, True, 1e-5, 1e-5, wm_pair=True)
+    assert "CL =" not in src1 and "cluster" not in src1.split('"""')[-1]
+    monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", str(cl))
+    kcompile.clear_memo()
+    frn._built.clear()
+    try:
+        k = frn.build_mix_norm(7168, nb, addend, prefix, True, True, 1e-5, 1e-5, arch=arch, load=False, wm_pair=True)
+    finally:
+        kcompile.clear_memo()
+        frn._built.clear()
+    assert f"CL = {cl} " in k.source and f"cluster=[CL, 1, 1]" in k.source
+    ptx = ptx_of(k)
+    reads = ptx.count("ld.shared::cluster")
+    assert ptx.count("mapa.shared::cluster") == reads == cl * (2 if nb > 0 else 1)
+    assert ptx.count("barrier.cluster.arrive") == (3 if nb > 0 else 2) == ptx.count("barrier.cluster.wait")
+    wait = ptx.find("griddepcontrol.wait")
+    assert 0 <= wait < ptx.find("ld.global") and wait < ptx.find("st.global")
+    loads = global_loads(ptx)
+    assert loads and all(is_128bit(l) for l in loads), f"non-128-bit global loads: {loads}"
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    # each CTA takes 7168 / 8 / cl of the row's 16-byte vectors
+    assert f"HVC = {896 // cl} " in k.source
+    # no cluster where it does not divide the row or there is no norm: the one-CTA kernel
+    assert "CL" not in frn.mixnorm_params(7168, nb, addend, prefix, False, True, 1e-5, 1e-5, cl=cl)
+    assert "CL" not in frn.mixnorm_params(7168 - 8, nb, addend, prefix, True, True, 1e-5, 1e-5, cl=cl)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
 def test_prefetch_compiles_to_bulk_prefetch(arch):
     k = prefetch.build(arch=arch, load=False)
     assert "cp.async.bulk.prefetch.L2.global" in ptx_of(k)
@@ -103,6 +139,7 @@ def test_cache_hit_corrupt_rebuild_and_arch_key(tmp_path):
 def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     from k3fuse.codegen import kernels_cli
     monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    monkeypatch.delenv("K3FUSE_MIXNORM_CLUSTER", raising=False)
     out = tmp_path / "kout"
     rc = kernels_cli.main(["--config", "tiny", "--tp", "1", "--batch", "1,100", "--arch", "sm_90a",
                            "--out", str(out)])
@@ -110,6 +147,7 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     m = json.loads((out / "manifest.json").read_text())
     assert m["arch"] == "sm_90a" and m["config"] == "tiny"
     assert m["pdl_chain"] is True                      # the default: the layer's kernels launch as a PDL chain
+    assert m["mixnorm_cluster"] == 1                   # K3FUSE_MIXNORM_CLUSTER is opt-in
     fams = {k["family"] for k in m["kernels"]}
     # tiny's KDA head dim (16) has no kda_decode kernel: listed as skipped with the reason
     assert fams == {"gemv", "fused_residual_norm", "prefetch_l2", "moe_experts", "router_topk"}

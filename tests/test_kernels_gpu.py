@@ -67,6 +67,49 @@ def test_fused_residual_norm_matches_reference(M, nb, addend, prefix, fp32):
     assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
 
 
+@pytest.mark.parametrize("cl", [4, 8])
+@pytest.mark.parametrize("M", [1, 3, 8])
+@pytest.mark.parametrize("nb,addend,prefix,fp32", [(3, False, True, False), (0, True, True, True),
+                                                  (8, True, False, True)])
+def test_mix_norm_cluster_matches_reference(M, nb, addend, prefix, fp32, cl, monkeypatch):
+    """K3FUSE_MIXNORM_CLUSTER=cl (a cluster of cl CTAs per row): the fused residual norm against its reference,
+    outputs poisoned, replayed in a CUDA graph under the PDL chain with fresh inputs."""
+    from k3fuse import ops
+    from k3fuse.codegen import compile as kcompile
+    from k3fuse.codegen import fused_residual_norm as frn
+    monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", str(cl))
+    kcompile.clear_memo()
+    frn._built.clear()
+    H, K = 7168, 768
+    o, w_o = bf(M, K), bf(H, K, scale=K ** -0.5)
+    a = bf(M, H) if addend else None
+    p = bf(M, H) if prefix else None
+    blocks_buf = bf(M, 8, H)
+    blocks = [blocks_buf[:, i] for i in range(nb)]
+    w_mix = torch.randn(H, device="cuda") * 0.05
+    norm_w = bf(H, scale=0.5) + 1
+    out = torch.empty((M, H), device="cuda", dtype=torch.bfloat16)
+    newp = torch.empty((M, H), device="cuda", dtype=torch.bfloat16)
+    try:
+        def body():
+            frn.fused_residual_norm(o, w_o, a, p, blocks, w_mix, norm_w, 1e-5, 1e-5, "", fp32, out=out,
+                                    new_prefix=newp)
+
+        def refill():
+            for t in [o, blocks_buf] + [t for t in (a, p) if t is not None]:
+                t.copy_(torch.randn_like(t, dtype=torch.float32).to(torch.bfloat16))
+
+        def check():
+            rn, rp = ops.fused_residual_norm._init_fn(o, w_o, a, p, blocks, w_mix, norm_w, 1e-5, 1e-5, "", fp32)
+            assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
+        k = frn.build_mix_norm(H, nb, addend, prefix, True, fp32, 1e-5, 1e-5)
+        assert f"CL = {cl} " in k.source
+        graph_replays_poisoned(body, refill, [out, newp], check)
+    finally:
+        kcompile.clear_memo()
+        frn._built.clear()
+
+
 @pytest.mark.parametrize("M", [1, 8, 64])
 def test_fused_residual_norm_weight_pair(M):
     """w_mix given as its two bf16 factors (pass fuse_attn_out_allreduce_attnres_norm: res_norm.weight and
