@@ -106,6 +106,11 @@ def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
     assert "ld.local" not in ptx and "st.local" not in ptx
     # each CTA takes 7168 / 8 / cl of the row's 16-byte vectors
     assert f"HVC = {896 // cl} " in k.source
+    nd = _nvdisasm()
+    if nd is not None and arch == "sm_90a":    # no register spills (the one-CTA kernel spills from nb = 5: PERF_NOTES)
+        import subprocess
+        sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+        assert not re.search(r"\b(STL|LDL)\b", sass)
     # no cluster where it does not divide the row or there is no norm: the one-CTA kernel
     assert "CL" not in frn.mixnorm_params(7168, nb, addend, prefix, False, True, 1e-5, 1e-5, cl=cl)
     assert "CL" not in frn.mixnorm_params(7168 - 8, nb, addend, prefix, True, True, 1e-5, 1e-5, cl=cl)
