@@ -198,9 +198,10 @@ def linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta):
     if cfg is not None and any(not w.is_contiguous() or w.data_ptr() % 16 or w.dim() != 2 for w in weights):
         cfg, reason = None, "a weight not contiguous, 2-D and 16-byte aligned"
     if cfg is not None and not _env_ok(op, x.device):
-        cfg, reason = None, "no kernel environment"
+        cfg, reason = None, None        # _env_ok logged why
     if cfg is None:
-        log_fallback(op, reason)
+        if reason:
+            log_fallback(op, reason)
         outs = linear_group_cuda(x, weights)
         outs[situ_member] = _ref("situ_glu")(outs[situ_member], beta, linear_beta)
         return outs

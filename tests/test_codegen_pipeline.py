@@ -147,6 +147,26 @@ def test_fused_gemv_fallback_on_cpu_matches_composition(caplog):
     assert len(lines) == 1 and "M=9" in lines[0]
 
 
+@pytest.mark.parametrize("M", [1, 8])
+def test_linear_group_situ_fallback_on_cpu_matches_composition(caplog, M):
+    """Without a kernel (CPU tensors; at M = 8 also the mma bucket) the grouped SiTU op is its composition:
+    linear_group, then situ_glu on the member; one log line per reason."""
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    registry._seen.clear()
+    x = torch.randn(M, 64, dtype=torch.bfloat16)
+    ws = [torch.randn(48, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)]
+    with caplog.at_level(logging.INFO, logger="k3fuse.codegen"):
+        ys = registry.linear_group_situ_cuda(x, ws, 1, 4.0, 25.0)
+        registry.linear_group_situ_cuda(x, ws, 1, 4.0, 25.0)
+    assert [tuple(y.shape) for y in ys] == [(M, 48), (M, 16)]
+    torch.testing.assert_close(ys[0].float(), ops.linear._init_fn(x, ws[0]).float())
+    ref = ops.situ_glu._init_fn(ops.linear._init_fn(x, ws[1]), 4.0, 25.0)
+    torch.testing.assert_close(ys[1].float(), ref.float(), rtol=2e-2, atol=2e-2)
+    lines = [r.getMessage() for r in caplog.records if "k3fuse::linear_group_situ takes" in r.getMessage()]
+    assert len(lines) == 1
+
+
 def test_tuning_table_entries_render():
     """Every kernel config in the shipped tuning tables still renders (catches stale entries after template edits)."""
     import json
