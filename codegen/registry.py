@@ -10,6 +10,8 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
   k3fuse::linear_group         unless K3FUSE_GROUPED_GEMV=0: one grouped GEMV launch over all the weights (same routing
                                as one GEMV of the concatenated shape); otherwise, or where it does not apply, one
                                k3fuse::linear CUDA call per weight (what the separate linears did before the pass)
+  k3fuse::linear_group_situ    the grouped GEMV with a SiTU-GLU epilogue on one member where the simt kernel applies
+                               (KERNEL_APPLIES; else the lowering splits it), otherwise linear_group + the SiTU reference
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel; under TP with
                                K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel all-reduce (mixnorm_allreduce.py)
   k3fuse::all_gather           with K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel gather (allgather_oneshot.py)
