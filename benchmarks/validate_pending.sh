@@ -4,8 +4,9 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh table     # fused-norm configs, layer + GEMV tables
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh fusions   # session 8's two epilogue fusions: A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s8c5      # layer twice + small-GEMV tuning
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh mixcluster  # PENDING: K3FUSE_MIXNORM_CLUSTER
-# The first four ran in session 8 (RESULTS.md "Session 8"); mixcluster has not run. Logs go to /tmp/k3v, back as one
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending        # PENDING: two opt-in kernels
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending_layer  # PENDING: their layer A/B
+# The first four ran in session 8 (RESULTS.md "Session 8"); the pending ones have not. Logs go to /tmp/k3v, back as one
 # tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
 S="$OUT/summary.txt"
@@ -80,25 +81,39 @@ if [ "$part" = s8c5 ]; then
     echo "gemv tune rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gkt.txt" | tee -a "$S"
     tar czf "$OUT/logs_s8c5.tgz" -C "$L" .
 fi
-# PENDING (written in session 8 after the device time ran out, never run on a GPU): K3FUSE_MIXNORM_CLUSTER=C, the
-# mix-norm row on a cluster of C CTAs (codegen/fused_residual_norm.py mixnorm_cluster): GPU tests, memcheck, the kernel
-# alone (C = 1, 4, 8 interleaved), the layer A/B (C = 1 / 4, twice). Make it the default only if measured faster.
-if [ "$part" = mixcluster ]; then
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py \
-        -k "mix_norm_cluster or fused_residual_norm" > "$L/log_mc_tests.txt" 2>&1
-    echo "tests rc=$? $(tail -1 "$L/log_mc_tests.txt")" | tee -a "$S"
-    grep -E "^FAILED|^ERROR" "$L/log_mc_tests.txt" | head -8 | tee -a "$S"
-    timeout 90 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
-        python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py -k "mix_norm_cluster and not 8-" \
-        > "$L/log_mc_sanitizer.txt" 2>&1
-    echo "sanitizer rc=$? $(grep -E 'ERROR SUMMARY' "$L/log_mc_sanitizer.txt" | tail -1)" | tee -a "$S"
+# PENDING (written in session 8 after the device time ran out, never run on a GPU), two opt-in kernels:
+#   K3FUSE_MIXNORM_CLUSTER=C  the mix-norm row on a cluster of C CTAs (codegen/fused_residual_norm.py)
+#   K3FUSE_TOPK_TWO_STAGE=1   the router top-k: per-warp lists, then one warp merges (codegen/router_topk.py)
+# `pending`: GPU tests, memcheck, each kernel alone (arms in one call); `pending_layer`: the layer A/B, four arms twice.
+# Make either the default only if measured faster in the layer.
+if [ "$part" = pending ]; then
+    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
+        -k "mix_norm_cluster or fused_residual_norm or router_topk" > "$L/log_p_tests.txt" 2>&1
+    echo "tests rc=$? $(tail -1 "$L/log_p_tests.txt")" | tee -a "$S"
+    grep -E "^FAILED|^ERROR" "$L/log_p_tests.txt" | head -8 | tee -a "$S"
+    timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
+        python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
+        -k "(mix_norm_cluster and 1-) or two_stage" > "$L/log_p_sanitizer.txt" 2>&1
+    echo "sanitizer rc=$? $(grep -E 'ERROR SUMMARY' "$L/log_p_sanitizer.txt" | tail -1)" | tee -a "$S"
     timeout 60 python3 benchmarks/mixnorm_bench.py --out "$L" --clusters 1,4,8 --ms 1,8 > "$L/mnb.txt" 2>&1
     echo "mix-norm alone rc=$?" | tee -a "$S"; grep "^M " "$L/mnb.txt" | tee -a "$S"
-    for a in c1_1 c4_1 c1_2 c4_2; do
-        c=${a#c}; c=${c%_*}
-        K3FUSE_MIXNORM_CLUSTER=$c timeout 80 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 \
-            --ms 1,8 --skip inductor --top 16 --tag "_$a" > "$L/lb_$a.txt" 2>&1
+    for t in 0 1 0 1; do
+        K3FUSE_TOPK_TWO_STAGE=$t timeout 40 python3 benchmarks/gpu_kernels.py --out "$L/tk$t" --families router_topk \
+            > /dev/null 2>&1
+        echo "top-k K3FUSE_TOPK_TWO_STAGE=$t rc=$? $(grep -h 'router_topk E=896 k=16' "$L/tk$t/log.txt" | tr '\n' '|')" \
+            | tee -a "$S"
+    done
+    tar czf "$OUT/logs_pending.tgz" -C "$L" .
+fi
+if [ "$part" = pending_layer ]; then
+    for a in base_1 mc4_1 tk2_1 both_1 base_2 mc4_2 tk2_2 both_2; do
+        case ${a%_*} in
+            base) env="K3FUSE_MIXNORM_CLUSTER=1 K3FUSE_TOPK_TWO_STAGE=0";; mc4) env="K3FUSE_MIXNORM_CLUSTER=4";;
+            tk2) env="K3FUSE_TOPK_TWO_STAGE=1";; both) env="K3FUSE_MIXNORM_CLUSTER=4 K3FUSE_TOPK_TWO_STAGE=1";;
+        esac
+        env $env timeout 70 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 \
+            --skip inductor --top 16 --tag "_$a" > "$L/lb_$a.txt" 2>&1
         echo "layer $a rc=$? $(grep -E '^(kda|mla) +16 +(1|8) ' "$L/lb_$a.txt" | tr -s ' ' | tr '\n' '|')" | tee -a "$S"
     done
-    tar czf "$OUT/logs_mixcluster.tgz" -C "$L" .
+    tar czf "$OUT/logs_pending_layer.tgz" -C "$L" .
 fi

@@ -145,6 +145,7 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     from k3fuse.codegen import kernels_cli
     monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
     monkeypatch.delenv("K3FUSE_MIXNORM_CLUSTER", raising=False)
+    monkeypatch.delenv("K3FUSE_TOPK_TWO_STAGE", raising=False)
     out = tmp_path / "kout"
     rc = kernels_cli.main(["--config", "tiny", "--tp", "1", "--batch", "1,100", "--arch", "sm_90a",
                            "--out", str(out)])
@@ -153,6 +154,7 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     assert m["arch"] == "sm_90a" and m["config"] == "tiny"
     assert m["pdl_chain"] is True                      # the default: the layer's kernels launch as a PDL chain
     assert m["mixnorm_cluster"] == 1                   # K3FUSE_MIXNORM_CLUSTER is opt-in
+    assert m["topk_two_stage"] is False                # K3FUSE_TOPK_TWO_STAGE too
     fams = {k["family"] for k in m["kernels"]}
     # tiny's KDA head dim (16) has no kda_decode kernel: listed as skipped with the reason
     assert fams == {"gemv", "fused_residual_norm", "prefetch_l2", "moe_experts", "router_topk"}
