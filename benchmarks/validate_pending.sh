@@ -103,6 +103,9 @@ if [ "$part" = pending ]; then
         echo "top-k K3FUSE_TOPK_TWO_STAGE=$t rc=$? $(grep -h 'router_topk E=896 k=16' "$L/tk$t/log.txt" | tr '\n' '|')" \
             | tee -a "$S"
     done
+    # the short-row candidates (one warp, up to 16 rows per CTA) for 7168 x 384, 0.91-0.95x cuBLAS at M = 1 so far
+    timeout 60 python3 benchmarks/gpu_kernels.py --out "$L/gk384" --shapes 7168x384 --ms 1,2 --tune > "$L/gk384.txt" 2>&1
+    echo "7168x384 tune rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gk384.txt" | tee -a "$S"
     tar czf "$OUT/logs_pending.tgz" -C "$L" .
 fi
 if [ "$part" = pending_layer ]; then

@@ -82,6 +82,10 @@ def candidates(N: int, K: int, bucket: int) -> list[dict]:
             for W in ((2, 4, 8) if bucket <= 4 else (4, 8)):
                 if nv >= 32 * W:
                     out.append({"variant": "simt", "R": R, "W": W})
+    if bucket <= 4 and nv < 64:
+        # short rows (K < 512: the TP16 shared down projection, 7168 x 384): one warp per CTA, more rows each, so
+        # that a CTA keeps more loads in flight (the table's R = 4, W = 1 ran 0.91-0.95x cuBLAS at M = 1, session 8)
+        out += [{"variant": "simt", "R": R, "W": 1} for R in _divisors(N, (1, 2, 4, 8, 16))]
     if N % 16 == 0 and K % 32 == 0:
         S = K // 32
         if bucket <= 4:

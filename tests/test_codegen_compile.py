@@ -272,6 +272,19 @@ def test_gemv_pdl_config_keys(monkeypatch):
     assert any(x.get("pdl") for x in gemv.candidates(768, 7168, 8))
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+def test_short_row_candidates_compile(arch):
+    """K < 512 (the TP16 shared down projection 7168 x 384): the tuner also times one-warp CTAs with up to 16 rows;
+    each compiles with 128-bit loads and no local memory."""
+    short = [c for c in gemv.candidates(7168, 384, 1) if c["variant"] == "simt" and not c.get("pdl")]
+    assert sorted(c["R"] for c in short) == [1, 2, 4, 8, 16] and all(c["W"] == 1 for c in short)
+    assert not any(c["variant"] == "simt" and c["W"] == 1 and c["R"] > 4 for c in gemv.candidates(7168, 7168, 1))
+    for c in short[-2:]:
+        ptx = ptx_of(gemv.build(7168, 384, 1, c, arch=arch, load=False))
+        loads = global_loads(ptx)
+        assert loads and all(is_128bit(l) for l in loads) and "ld.local" not in ptx
+
+
 # Grouped GEMV (k3fuse::linear_group): the K3 groups of fuse_shared_input_linears at TP16 (KDA: q, k, v, g, f_a,
 # b; MLA: q_a, kv_a, g) at buckets 1 (simt) and 8 (mma), plus a simt config whose R leaves a partial CTA
 GROUP_CASES = [([768, 768, 768, 768, 128, 6], 7168, 1, None), ([768, 768, 768, 768, 128, 6], 7168, 8, None),
