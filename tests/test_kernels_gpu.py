@@ -46,20 +46,25 @@ def test_gemv_matches_reference(N, K, M):
         assert rel(y, x.double() @ w.double().t()) < 1e-2
 
 
+def frn_inputs(M, nb, addend, prefix, H=7168, K=1536):
+    """Fresh random inputs of k3fuse::fused_residual_norm: o, w_o, addend, prefix, the nb block snapshots (strided
+    views of one [M, 8, H] buffer, returned too), w_mix (fp32) and the norm weight."""
+    o, w_o = bf(M, K), bf(H, K, scale=K ** -0.5)
+    a = bf(M, H) if addend else None
+    p = bf(M, H) if prefix else None
+    blocks_buf = bf(M, 8, H)
+    blocks = [blocks_buf[:, i] for i in range(nb)]
+    return o, w_o, a, p, blocks_buf, blocks, torch.randn(H, device="cuda") * 0.05, bf(H, scale=0.5) + 1
+
+
 @pytest.mark.parametrize("M", [1, 8, 64])
 @pytest.mark.parametrize("nb,addend,prefix,fp32", [(3, False, True, False), (0, True, True, True),
                                                   (8, True, False, True)])
 def test_fused_residual_norm_matches_reference(M, nb, addend, prefix, fp32):
     from k3fuse import ops
     from k3fuse.codegen import fused_residual_norm as frn
-    H, K = 7168, 1536
-    o, w_o = bf(M, K), bf(H, K, scale=K ** -0.5)
-    a = bf(M, H) if addend else None
-    p = bf(M, H) if prefix else None
-    blocks_buf = bf(M, 8, H)
-    blocks = [blocks_buf[:, i] for i in range(nb)]
-    w_mix = torch.randn(H, device="cuda") * 0.05
-    norm_w = bf(H, scale=0.5) + 1
+    H = 7168
+    o, w_o, a, p, _, blocks, w_mix, norm_w = frn_inputs(M, nb, addend, prefix)
     out = torch.full((M, H), float("nan"), device="cuda", dtype=torch.bfloat16)
     newp = torch.full((M, H), float("nan"), device="cuda", dtype=torch.bfloat16)
     frn.fused_residual_norm(o, w_o, a, p, blocks, w_mix, norm_w, 1e-5, 1e-5, "", fp32, out=out, new_prefix=newp)
@@ -80,14 +85,8 @@ def test_mix_norm_cluster_matches_reference(M, nb, addend, prefix, fp32, cl, mon
     monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", str(cl))
     kcompile.clear_memo()
     frn._built.clear()
-    H, K = 7168, 768
-    o, w_o = bf(M, K), bf(H, K, scale=K ** -0.5)
-    a = bf(M, H) if addend else None
-    p = bf(M, H) if prefix else None
-    blocks_buf = bf(M, 8, H)
-    blocks = [blocks_buf[:, i] for i in range(nb)]
-    w_mix = torch.randn(H, device="cuda") * 0.05
-    norm_w = bf(H, scale=0.5) + 1
+    H = 7168
+    o, w_o, a, p, blocks_buf, blocks, w_mix, norm_w = frn_inputs(M, nb, addend, prefix, K=768)
     out = torch.empty((M, H), device="cuda", dtype=torch.bfloat16)
     newp = torch.empty((M, H), device="cuda", dtype=torch.bfloat16)
     try:
