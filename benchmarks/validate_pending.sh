@@ -11,20 +11,34 @@
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
 S="$OUT/summary.txt"
 part=${1:-tests}
+pytests() {     # pytests NAME TIMEOUT PYTEST_ARGS...: rc, last line and failures into the summary
+    local name=$1 t=$2; shift 2
+    timeout "$t" python3 -m pytest -q -p no:cacheprovider "$@" > "$L/log_$name.txt" 2>&1
+    echo "$name rc=$? $(tail -1 "$L/log_$name.txt")" | tee -a "$S"
+    grep -E "^FAILED|^ERROR" "$L/log_$name.txt" | head -8 | tee -a "$S"
+}
+memcheck() {    # memcheck NAME TIMEOUT PYTEST_ARGS...: the same tests under compute-sanitizer memcheck
+    local name=$1 t=$2; shift 2
+    timeout "$t" compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
+        python3 -m pytest -q -p no:cacheprovider "$@" > "$L/log_$name.txt" 2>&1
+    echo "$name rc=$? $(grep -E 'ERROR SUMMARY' "$L/log_$name.txt" | tail -1)" | tee -a "$S"
+}
+layer_arm() {   # layer_arm TAG MS [VAR=VALUE ...] [-- LAYER_BENCH_ARGS...]: one k3fuse-only layer run, KDA + MLA, TP16
+    local tag=$1 ms=$2 envs=(); shift 2
+    while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
+    [ "$1" = -- ] && shift
+    env "${envs[@]}" timeout 80 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms "$ms" \
+        --skip inductor --top 16 --tag "_$tag" "$@" > "$L/lb_$tag.txt" 2>&1
+    echo "layer $tag rc=$? $(grep -E "^(kda|mla) +16 +(${ms//,/|}) " "$L/lb_$tag.txt" | tr -s ' ' | tr '\n' '|')" \
+        | tee -a "$S"
+}
 if [ "$part" = tests ]; then
-    # test_runtime_gpu.py alone takes ~3 minutes (one model compile per bucket): run it last
-    timeout 250 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_moe_kernel_gpu.py \
-        tests/test_mla_kernel_gpu.py tests/test_kda_kernel_gpu.py tests/test_streams_gpu.py \
-        tests/test_router_topk_gpu.py > "$L/log_tests.txt" 2>&1
-    echo "tests rc=$? $(tail -1 "$L/log_tests.txt")" | tee -a "$S"
-    grep -E "^FAILED|^ERROR" "$L/log_tests.txt" | head -8 | tee -a "$S"
-    timeout 130 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
-        python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_kda_kernel_gpu.py \
-        tests/test_router_topk_gpu.py -k "(matches_reference or weight_pair) and not graph and not 64" \
-        > "$L/log_sanitizer.txt" 2>&1
-    echo "sanitizer rc=$? $(grep -E 'ERROR SUMMARY' "$L/log_sanitizer.txt" | tail -1)" | tee -a "$S"
-    timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_runtime_gpu.py > "$L/log_runtime.txt" 2>&1
-    echo "runtime graphs rc=$? $(tail -1 "$L/log_runtime.txt")" | tee -a "$S"
+    # test_runtime_gpu.py (one model compile per bucket) last
+    pytests tests 250 tests/test_kernels_gpu.py tests/test_moe_kernel_gpu.py tests/test_mla_kernel_gpu.py \
+        tests/test_kda_kernel_gpu.py tests/test_streams_gpu.py tests/test_router_topk_gpu.py
+    memcheck sanitizer 130 tests/test_kernels_gpu.py tests/test_kda_kernel_gpu.py tests/test_router_topk_gpu.py \
+        -k "(matches_reference or weight_pair) and not graph and not 64"
+    pytests runtime_graphs 180 tests/test_runtime_gpu.py
     tar czf "$OUT/logs_tests.tgz" -C "$L" .
 elif [ "$part" = table ]; then
     timeout 60 python3 benchmarks/fused_norm_tune.py --out "$L" > "$L/fnt.txt" 2>&1
@@ -36,19 +50,13 @@ elif [ "$part" = table ]; then
     timeout 100 python3 benchmarks/gpu_kernels.py --out "$L/gk" --shapes tp8,tp16 --ms 1,8 > "$L/gk.txt" 2>&1
     echo "gemv table rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gk.txt" | tee -a "$S"
     tar czf "$OUT/logs_table.tgz" -C "$L" .
-fi
 # Session 8: the fused RMSNorm's scale in the GEMV epilogue (routed up 7168 x 3584 fused at M <= 4 with
 # K3FUSE_NORM_LINEAR_MAX_MB=64) and the SiTU-GLU epilogue of the MoE group (linear_group_situ): GPU tests, memcheck,
 # kernel timings, the layer A/B (base = session 7's graph: norm split back on 51 MB, no SiTU pass)
-if [ "$part" = fusions ]; then
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_streams_gpu.py \
-        -k "situ or fusions or rms_norm_linear or side_stream" > "$L/log_fus_tests.txt" 2>&1
-    echo "tests rc=$? $(tail -1 "$L/log_fus_tests.txt")" | tee -a "$S"
-    grep -E "^FAILED|^ERROR" "$L/log_fus_tests.txt" | head -8 | tee -a "$S"
-    timeout 90 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
-        python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py \
-        -k "group_situ_matches or (fusions_match and 7168)" > "$L/log_fus_sanitizer.txt" 2>&1
-    echo "sanitizer rc=$? $(grep -E 'ERROR SUMMARY' "$L/log_fus_sanitizer.txt" | tail -1)" | tee -a "$S"
+elif [ "$part" = fusions ]; then
+    pytests fus_tests 150 tests/test_kernels_gpu.py tests/test_streams_gpu.py \
+        -k "situ or fusions or rms_norm_linear or side_stream"
+    memcheck fus_sanitizer 90 tests/test_kernels_gpu.py -k "group_situ_matches or (fusions_match and 7168)"
     timeout 90 python3 benchmarks/gpu_kernels.py --out "$L/gkf" --families fused --fused-only --shapes 7168x3584 \
         > "$L/gkf.txt" 2>&1
     echo "fused kernels rc=$?" | tee -a "$S"
@@ -59,42 +67,31 @@ for l in sys.stdin:
     print(r['family'], r.get('N'), r.get('K'), 'M', r['M'], 'xf32' if r.get('x_fp32') else '', 'err %.1e' % r.get('err', -1),
           ' '.join('%s %.2f' % (k, r[k]) for k in ('us', 'unfused_us', 'situ_us', 'plain_us', 'floor_us') if k in r),
           r.get('error', '')[:200])" | sort -u | tee -a "$S"
-    for a in base_1 new_1 base_2 new_2; do
-        if [ "${a%_*}" = base ]; then env="K3FUSE_NORM_LINEAR_MAX_MB=16"; wo="--without-passes fuse_situ_glu_into_linear_group"
-        else env="K3FUSE_NORM_LINEAR_MAX_MB=64"; wo=""; fi
-        env $env timeout 80 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,2 \
-            --skip inductor --top 16 --tag "_$a" $wo > "$L/lb_$a.txt" 2>&1
-        echo "layer $a rc=$? $(grep -E '^(kda|mla) +16 +(1|2) ' "$L/lb_$a.txt" | tr -s ' ' | tr '\n' '|')" | tee -a "$S"
+    for r in 1 2; do
+        layer_arm "base_$r" 1,2 K3FUSE_NORM_LINEAR_MAX_MB=16 -- --without-passes fuse_situ_glu_into_linear_group
+        layer_arm "new_$r" 1,2 K3FUSE_NORM_LINEAR_MAX_MB=64
     done
     tar czf "$OUT/logs_fusions.tgz" -C "$L" .
-fi
 # Session 8 call 5: the layer with the fused-norm table entry (twice), and the small K3 GEMVs tuned at M = 1, 2
-if [ "$part" = s8c5 ]; then
+elif [ "$part" = s8c5 ]; then
     for a in r1 r2; do
-        timeout 80 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,2 --skip inductor --top 16 \
-            --tag "_$a" > "$L/lb_$a.txt" 2>&1
-        echo "layer $a rc=$? $(grep -E '^(kda|mla) +16 +(1|2) ' "$L/lb_$a.txt" | tr -s ' ' | tr '\n' '|')" | tee -a "$S"
+        layer_arm "$a" 1,2
         grep -A4 "k3fuse kda tp16 M1:" "$L/lb_$a.txt" | tee -a "$S"
     done
     timeout 120 python3 benchmarks/gpu_kernels.py --out "$L/gkt" --shapes 7168x384,7168x768,768x7168 --ms 1,2 --tune \
         > "$L/gkt.txt" 2>&1
     echo "gemv tune rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gkt.txt" | tee -a "$S"
     tar czf "$OUT/logs_s8c5.tgz" -C "$L" .
-fi
 # PENDING (written in session 8 after the device time ran out, never run on a GPU), two opt-in kernels:
 #   K3FUSE_MIXNORM_CLUSTER=C  the mix-norm row on a cluster of C CTAs (codegen/fused_residual_norm.py)
 #   K3FUSE_TOPK_TWO_STAGE=1   the router top-k: per-warp lists, then one warp merges (codegen/router_topk.py)
 # `pending`: GPU tests, memcheck, each kernel alone (arms in one call); `pending_layer`: the layer A/B, four arms twice.
 # Make either the default only if measured faster in the layer.
-if [ "$part" = pending ]; then
-    timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
-        -k "mix_norm_cluster or fused_residual_norm or router_topk" > "$L/log_p_tests.txt" 2>&1
-    echo "tests rc=$? $(tail -1 "$L/log_p_tests.txt")" | tee -a "$S"
-    grep -E "^FAILED|^ERROR" "$L/log_p_tests.txt" | head -8 | tee -a "$S"
-    timeout 100 compute-sanitizer --tool memcheck --report-api-errors no --target-processes all \
-        python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
-        -k "(mix_norm_cluster and 1-) or two_stage" > "$L/log_p_sanitizer.txt" 2>&1
-    echo "sanitizer rc=$? $(grep -E 'ERROR SUMMARY' "$L/log_p_sanitizer.txt" | tail -1)" | tee -a "$S"
+elif [ "$part" = pending ]; then
+    pytests p_tests 150 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
+        -k "mix_norm_cluster or fused_residual_norm or router_topk"
+    memcheck p_sanitizer 100 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
+        -k "(mix_norm_cluster and 1-) or two_stage"
     timeout 60 python3 benchmarks/mixnorm_bench.py --out "$L" --clusters 1,4,8 --ms 1,8 > "$L/mnb.txt" 2>&1
     echo "mix-norm alone rc=$?" | tee -a "$S"; grep "^M " "$L/mnb.txt" | tee -a "$S"
     for t in 0 1 0 1; do
@@ -107,16 +104,15 @@ if [ "$part" = pending ]; then
     timeout 60 python3 benchmarks/gpu_kernels.py --out "$L/gk384" --shapes 7168x384 --ms 1,2 --tune > "$L/gk384.txt" 2>&1
     echo "7168x384 tune rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gk384.txt" | tee -a "$S"
     tar czf "$OUT/logs_pending.tgz" -C "$L" .
-fi
-if [ "$part" = pending_layer ]; then
-    for a in base_1 mc4_1 tk2_1 both_1 base_2 mc4_2 tk2_2 both_2; do
-        case ${a%_*} in
-            base) env="K3FUSE_MIXNORM_CLUSTER=1 K3FUSE_TOPK_TWO_STAGE=0";; mc4) env="K3FUSE_MIXNORM_CLUSTER=4";;
-            tk2) env="K3FUSE_TOPK_TWO_STAGE=1";; both) env="K3FUSE_MIXNORM_CLUSTER=4 K3FUSE_TOPK_TWO_STAGE=1";;
-        esac
-        env $env timeout 70 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 \
-            --skip inductor --top 16 --tag "_$a" > "$L/lb_$a.txt" 2>&1
-        echo "layer $a rc=$? $(grep -E '^(kda|mla) +16 +(1|8) ' "$L/lb_$a.txt" | tr -s ' ' | tr '\n' '|')" | tee -a "$S"
+elif [ "$part" = pending_layer ]; then
+    for r in 1 2; do
+        layer_arm "base_$r" 1,8 K3FUSE_MIXNORM_CLUSTER=1 K3FUSE_TOPK_TWO_STAGE=0
+        layer_arm "mc4_$r" 1,8 K3FUSE_MIXNORM_CLUSTER=4
+        layer_arm "tk2_$r" 1,8 K3FUSE_TOPK_TWO_STAGE=1
+        layer_arm "both_$r" 1,8 K3FUSE_MIXNORM_CLUSTER=4 K3FUSE_TOPK_TWO_STAGE=1
     done
     tar czf "$OUT/logs_pending_layer.tgz" -C "$L" .
+else
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer)" >&2
+    exit 2
 fi
