@@ -404,16 +404,19 @@ def group_situ_config(cfg: dict) -> dict:
 GROUP_SITU_FAMILY = "gemv_group_situ"
 
 
-def group_situ_route(Ns, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[dict], str]:
-    """(config, "") for the grouped GEMV with a SiTU-GLU member, or (None, why): the table's own entry where it has
-    one, else the plain group's route with R made even (group_situ_config)."""
+def group_situ_route(Ns, K: int, M: int, situ_members, gpu: Optional[str] = None) -> tuple[Optional[dict], str]:
+    """(config, "") for the grouped GEMV with the SiTU-GLU epilogue on situ_members, or (None, why): the table's own
+    entry where it has one, else the plain group's route with R made even (group_situ_config); None where the
+    kernel does not take it (the mma buckets, a member that is not [gate; up] in R / 2-row tiles)."""
     cfg, why = group_route(Ns, K, M, gpu)
     if cfg is None:
         return None, why
     t = tuning.lookup(GROUP_SITU_FAMILY, (_group_rows(Ns), K), bucket_for(M), gpu)
     if t is not None and t.get("variant") == "simt" and cfg["variant"] == "simt":
         cfg = _clean(t)
-    return group_situ_config(cfg), ""
+    cfg = group_situ_config(cfg)
+    why = group_supports(Ns, K, bucket_for(M), cfg) or group_situ_supports(Ns, K, bucket_for(M), cfg, situ_members)
+    return (None, why) if why else (cfg, "")
 
 
 def group_situ_supports(Ns, K: int, bucket: int, cfg: dict, situ_members) -> Optional[str]:

@@ -110,9 +110,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         if not name.endswith("sharedgateup"):
             continue
         for b in buckets:
-            c, why = gemv.group_situ_route(Ns, K, b, gpu=_gpu_for(arch))
-            why = why or gemv.group_supports(Ns, K, b, c) or \
-                gemv.group_situ_supports(Ns, K, b, c, (len(Ns) - 1,))
+            c, why = gemv.group_situ_route(Ns, K, b, (len(Ns) - 1,), gpu=_gpu_for(arch))
             if why:
                 skipped.append(dict(op="k3fuse::linear_group_situ", name=name, shape=dict(N=Ns, K=K), bucket=b,
                                     reason=f"split back into linear_group + situ_glu: {why}"))
@@ -136,7 +134,8 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                 continue
             fusion = dict(norm=True, eps=cfg.rms_norm_eps, x_fp32=False)
             jobs.append(dict(family="gemv", op="k3fuse::rms_norm_linear", uses=[name], shape=dict(N=N, K=K),
-                             bucket=b, config=gemv.default_fused_config(N, K, b, fusion, gpu=_gpu_for(arch)), fusion=fusion,
+                             bucket=b, config=gemv.default_fused_config(N, K, b, fusion, gpu=_gpu_for(arch)),
+                             fusion=fusion,
                              name=f"gemv_norm_{N}x{K}_b{b}"))
     H = cfg.hidden_size
     nb_max = min(cfg.num_attn_res_blocks, frn.MAX_BLOCKS)   # a mix sees up to ceil(l / B) blocks

@@ -175,12 +175,7 @@ def _group_situ_cfg(x, weights, situ_member):
         return None, "K3FUSE_GROUPED_GEMV=0"
     if not isinstance(M, int) or not 1 <= M <= MAX_M:
         return None, f"M={M} outside 1..{MAX_M}"
-    cfg, why = gemv.group_situ_route(Ns, K, M)
-    if cfg is None:
-        return None, why
-    why = gemv.group_supports(Ns, K, gemv.bucket_for(M), cfg) or \
-        gemv.group_situ_supports(Ns, K, gemv.bucket_for(M), cfg, (situ_member,))
-    return (None, why) if why else (cfg, "")
+    return gemv.group_situ_route(Ns, K, M, (situ_member,))
 
 
 def _linear_group_situ_applies(x, weights, situ_member, beta, linear_beta) -> bool:
@@ -332,21 +327,22 @@ def rms_norm_linear_situ_glu_cuda(x, norm_w, eps, weight, beta, linear_beta):
 # block reduction over x in every CTA before its weight loads): MLA's q_b (1152 x 1536, 3.5 MB) 3.4 us fused = 3.4 us
 # plain; the routed up projection (7168 x 3584, 51 MB) 15.8-19.5 us fused against 13.0-13.2 plain, a loss larger
 # than the norm kernel it removes (1.9 us). Session 8 moved the per-row scale into the epilogue (templates/
-# gemv_simt.py.jinja): the main loop is the plain one. The routed up (51 MB, fp32 x) then ran 16.7 us fused against
-# 14.5-14.7 plain + a 2.3 us norm kernel and a break in the PDL chain; in the layer (A/B twice in one call, session 8)
-# KDA TP16 M = 2 139 / 138 -> 132 / 131 us, MLA M = 1 142 / 133 -> 129 / 129. So every K3 weight behind a norm is
-# fused now (the largest is that 51 MB one). K3FUSE_NORM_LINEAR_MAX_MB=16 restores the old limit (for A/B runs).
-NORM_PROLOGUE_MAX_WEIGHT_BYTES = int(float(os.environ.get("K3FUSE_NORM_LINEAR_MAX_MB", "64")) * 2**20)
+# gemv_simt.py.jinja): the main loop is the plain one. The routed up (51 MB, fp32 x) then ran 16.7 us fused with the
+# plain table's config against 14.5-14.7 plain + a 2.3 us norm kernel and a break in the PDL chain; in the layer (A/B
+# twice in one call, session 8) KDA TP16 M = 2 139 / 138 -> 132 / 131 us, MLA M = 1 142 / 133 -> 129 / 129; with its
+# own table entry (gemv_norm, R4 W2) 13.9 us. So every K3 weight behind a norm is fused now (the largest is that 51 MB
+# one). K3FUSE_NORM_LINEAR_MAX_MB=16 restores the old limit (for A/B runs).
+NORM_LINEAR_MAX_WEIGHT_BYTES = int(float(os.environ.get("K3FUSE_NORM_LINEAR_MAX_MB", "64")) * 2**20)
 
 
 def rms_norm_linear_split_reason(M: int, weight_bytes: int, shape=None, gpu=None):
-    """None where the RMSNorm-prologue GEMV runs, else why the op is split back into rms_norm + linear: the fused
-    GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only), and weights are bounded by NORM_PROLOGUE_MAX_WEIGHT_BYTES
-    (NORM_PROLOGUE_MAX_WEIGHT_BYTES). Also the `k3fuse kernels` plan's reason."""
+    """None where the fused RMSNorm GEMV runs, else why the op is split back into rms_norm + linear: the fused
+    GEMVs exist for 1 <= M <= FUSED_MAX_M (simt only), weights are bounded by NORM_LINEAR_MAX_WEIGHT_BYTES, and the
+    GPU's tuning table may split a shape (family gemv.NORM_FAMILY). Also the `k3fuse kernels` plan's reason."""
     if not 1 <= M <= FUSED_MAX_M:
         return f"M = {M} outside 1..{FUSED_MAX_M}: split back into rms_norm + linear"
-    if weight_bytes > NORM_PROLOGUE_MAX_WEIGHT_BYTES:
-        return f"weight over {NORM_PROLOGUE_MAX_WEIGHT_BYTES >> 20} MiB: split back (K3FUSE_NORM_LINEAR_MAX_MB)"
+    if weight_bytes > NORM_LINEAR_MAX_WEIGHT_BYTES:
+        return f"weight over {NORM_LINEAR_MAX_WEIGHT_BYTES >> 20} MiB: split back (K3FUSE_NORM_LINEAR_MAX_MB)"
     if shape is not None:
         from . import gemv, tuning
         from .buckets import bucket_for

@@ -9,10 +9,11 @@ a separate Inductor kernel at M = 1 (a launch, ~1-2 us plus its gap). The other 
 cache, not a GEMV.
 
 Only where the norm's weight, its output dtype and the GEMV weight share one dtype (what the fused kernel
-computes from x * norm_w). The kernel exists for M <= 4 only (codegen/registry.py NORM_PROLOGUE_MAX_WEIGHT_BYTES
-also bounds the weight; every K3 weight behind a norm is under it since session 8, when the norm moved from a
-prologue, which made the 51 MB routed up slower, to the epilogue): elsewhere the lowering inlines the op's reference, rms_norm + linear (compiler/lowering.py, KERNEL_APPLIES), so
-the graph after this pass is the same for every batch size and GPU. Runs after `fuse_shared_input_linears` (a norm
+computes from x * norm_w). The kernel runs at M <= 4 where the GPU's tuning table does not split the shape (the
+routed up at M = 3-4 on the H200) and under codegen/registry.py NORM_LINEAR_MAX_WEIGHT_BYTES (every K3 weight since
+session 8 moved the norm from a prologue, which made the 51 MB routed up slower, to the epilogue): elsewhere the
+lowering inlines the op's reference, rms_norm + linear (compiler/lowering.py, KERNEL_APPLIES), so the graph after
+this pass is the same for every batch size and GPU. Runs after `fuse_shared_input_linears` (a norm
 feeding a group stays unfused) and before `insert_prefetch`, which reads the fused op's weight.
 """
 from __future__ import annotations

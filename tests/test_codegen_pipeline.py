@@ -195,7 +195,7 @@ def test_tuning_table_entries_render():
                 if family == "gemv_group_situ":   # keyed by the padded rows; rendered on the members it was tuned on
                     Ns = cfg["members"]
                     assert sum(-(-n // 16) * 16 for n in Ns) == N
-                    assert gemv.group_situ_route(Ns, K, int(b), gpu=p.stem)[0] == gemv._clean(cfg), (key, b)
+                    assert gemv.group_situ_route(Ns, K, int(b), (len(Ns) - 1,), gpu=p.stem)[0] == gemv._clean(cfg), (key, b)
                     compile(gemv.render_group_source(Ns, K, int(b), gemv._clean(cfg), situ=((len(Ns) - 1,), 4.0, 25.0))[1],
                             key, "exec")
                 elif family == "gemv_norm":   # the fused RMSNorm GEMV takes its entry as is (default_fused_config)

@@ -91,6 +91,7 @@ def test_kernel_applies_on_the_simt_buckets_only(monkeypatch):
     assert not applies(torch.empty(1, 7168, dtype=bf), [ws[0], torch.empty(767, 7168, dtype=bf)], 1, 4.0, 25.0)
     # the table's own entry for the SiTU group (benchmarks/group_situ_tune.py), else the plain group's R made even
     from k3fuse.codegen import gemv
-    assert gemv.group_situ_route([3584, 768], 7168, 1)[0] == {"variant": "simt", "R": 4, "W": 4}
-    assert gemv.group_situ_route([3584, 768], 7168, 2)[0] == {"variant": "simt", "R": 2, "W": 4}
-    assert gemv.group_situ_route([1000, 768], 7168, 1)[0]["R"] % 2 == 0
+    assert gemv.group_situ_route([3584, 768], 7168, 1, (1,))[0] == {"variant": "simt", "R": 4, "W": 4}
+    assert gemv.group_situ_route([3584, 768], 7168, 2, (1,))[0] == {"variant": "simt", "R": 2, "W": 4}
+    assert gemv.group_situ_route([1000, 768], 7168, 1, (1,))[0]["R"] % 2 == 0
+    assert gemv.group_situ_route([3584, 768], 7168, 8, (1,))[0] is None        # mma bucket
