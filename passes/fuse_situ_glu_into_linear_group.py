@@ -38,16 +38,14 @@ class FuseSituGluIntoLinearGroup(K3FusePass):
                 continue
             j, item, situ = member
             beta, lbeta = (float(a) for a in situ.args[1:3])
-            with graph.inserting_before(grp):
-                fused = graph.call_function(k3.linear_group_situ.default, (x, ws, j, beta, lbeta))
-            for u in list(grp.users):
-                with graph.inserting_before(u):
-                    g = graph.call_function(operator.getitem, (fused, u.args[1]))
-                u.replace_all_uses_with(g)
-                graph.erase_node(u)
-            situ.replace_all_uses_with(next(u for u in fused.users if u.args[1] == j))
+            # the group node becomes the fused op in place; its j-th output is now the SiTU-GLU output
+            grp.target = k3.linear_group_situ.default
+            grp.args = (x, ws, j, beta, lbeta)
+            if "val" in situ.meta and "val" in grp.meta:
+                item.meta["val"] = situ.meta["val"]
+                grp.meta["val"] = [situ.meta["val"] if i == j else v for i, v in enumerate(grp.meta["val"])]
+            situ.replace_all_uses_with(item)
             graph.erase_node(situ)
-            graph.erase_node(grp)
             matches += 1
         if not matches and graph.find_nodes(op="call_function", target=k3.side_linear_situ.default):
             self.skip_reason = "the shared expert runs as side_linear_situ (TP > 1): no grouped gate_up"
