@@ -216,10 +216,10 @@ NORM_FAMILY = "gemv_norm"
 
 
 def default_fused_config(N: int, K: int, bucket: int, fusion: dict, gpu: Optional[str] = None) -> dict:
-    """A fused kernel with the SiTU-GLU epilogue reads 2R weight rows per CTA, so it mirrors the plain simt
-    config with twice the rows. Chosen from the plain simt timings of 2026-11-29 (RESULTS.md: R = 2-4 rows,
-    W = 8 warps won at K = 7168 for M <= 4); the fused kernels themselves were timed with an older default
-    (R = 4, W = 4) only."""
+    """The config of a fused simt GEMV. Norm only: the GPU table's NORM_FAMILY entry, else the plain GEMV's tuned
+    simt config (the same main loop). With the SiTU-GLU epilogue a CTA reads 2R weight rows, so it mirrors the plain
+    simt config with twice the rows, chosen from the plain simt timings of 2026-11-29 (RESULTS.md: R = 2-4 rows,
+    W = 8 warps won at K = 7168 for M <= 4); those fused kernels were timed with an older default (R = 4, W = 4)."""
     situ = fusion.get("act", "none") == "situ"
     if not situ:
         # the RMSNorm scale sits in the epilogue, so a norm-only kernel has the plain simt main loop plus the norm
