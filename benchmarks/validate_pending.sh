@@ -4,9 +4,9 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh table     # fused-norm configs, layer + GEMV tables
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh fusions   # session 8's two epilogue fusions: A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s8c5      # layer twice + small-GEMV tuning
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending        # PENDING: two opt-in kernels
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending_layer  # PENDING: their layer A/B
-# The first four ran in session 8 (RESULTS.md "Session 8"); the pending ones have not. Logs go to /tmp/k3v, back as one
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending        # session 8's opt-in kernels
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending_layer  # their layer A/B
+# The first four ran in session 8 (RESULTS.md "Session 8"), the pending ones in session 9. Logs go to /tmp/k3v, back as one
 # tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
 S="$OUT/summary.txt"
@@ -82,34 +82,27 @@ elif [ "$part" = s8c5 ]; then
         > "$L/gkt.txt" 2>&1
     echo "gemv tune rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gkt.txt" | tee -a "$S"
     tar czf "$OUT/logs_s8c5.tgz" -C "$L" .
-# PENDING (written in session 8 after the device time ran out, never run on a GPU), two opt-in kernels:
-#   K3FUSE_MIXNORM_CLUSTER=C  the mix-norm row on a cluster of C CTAs (codegen/fused_residual_norm.py)
-#   K3FUSE_TOPK_TWO_STAGE=1   the router top-k: per-warp lists, then one warp merges (codegen/router_topk.py)
-# `pending`: GPU tests, memcheck, each kernel alone (arms in one call); `pending_layer`: the layer A/B, four arms twice.
-# Make either the default only if measured faster in the layer.
+# Session 9 calls 1-2 (RESULTS.md "Session 9"): session 8's two opt-in kernels, written after its device time ran out:
+#   K3FUSE_MIXNORM_CLUSTER=C  the mix-norm row on a cluster of C CTAs: faster alone and in the layer, now C = 8 default
+#   K3FUSE_TOPK_TWO_STAGE=1   the router top-k as per-warp lists merged by one warp: no faster, removed (f9d10f4)
+# `pending`: GPU tests, memcheck, each kernel alone (arms in one call); `pending_layer`: the layer A/B.
 elif [ "$part" = pending ]; then
     pytests p_tests 150 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
-        -k "mix_norm_cluster or fused_residual_norm or router_topk"
-    memcheck p_sanitizer 100 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
-        -k "(mix_norm_cluster and 1-) or two_stage"
+        -k "mix_norm_cluster or fused_residual_norm or router_topk"   # (session 9 also ran the two-stage top-k)
+    memcheck p_sanitizer 100 tests/test_kernels_gpu.py -k "mix_norm_cluster and 1-"
     timeout 60 python3 benchmarks/mixnorm_bench.py --out "$L" --clusters 1,4,8 --ms 1,8 > "$L/mnb.txt" 2>&1
     echo "mix-norm alone rc=$?" | tee -a "$S"; grep "^M " "$L/mnb.txt" | tee -a "$S"
-    for t in 0 1 0 1; do
-        K3FUSE_TOPK_TWO_STAGE=$t timeout 40 python3 benchmarks/gpu_kernels.py --out "$L/tk$t" --families router_topk \
-            > /dev/null 2>&1
-        echo "top-k K3FUSE_TOPK_TWO_STAGE=$t rc=$? $(grep -h 'router_topk E=896 k=16' "$L/tk$t/log.txt" | tr '\n' '|')" \
-            | tee -a "$S"
-    done
     # the short-row candidates (one warp, up to 16 rows per CTA) for 7168 x 384, 0.91-0.95x cuBLAS at M = 1 so far
     timeout 60 python3 benchmarks/gpu_kernels.py --out "$L/gk384" --shapes 7168x384 --ms 1,2 --tune > "$L/gk384.txt" 2>&1
     echo "7168x384 tune rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gk384.txt" | tee -a "$S"
     tar czf "$OUT/logs_pending.tgz" -C "$L" .
 elif [ "$part" = pending_layer ]; then
     for r in 1 2; do
-        layer_arm "base_$r" 1,8 K3FUSE_MIXNORM_CLUSTER=1 K3FUSE_TOPK_TWO_STAGE=0
+        # session 9: the two-stage top-k measured no faster alone (5.02 / 4.89 vs 5.01 / 4.85 us), so its arms are
+        # dropped; the mix-norm with a cluster of 4 and of 8 CTAs (3.07 / 3.02 us alone vs 3.96 at nb 3)
+        layer_arm "base_$r" 1,8 K3FUSE_MIXNORM_CLUSTER=1
         layer_arm "mc4_$r" 1,8 K3FUSE_MIXNORM_CLUSTER=4
-        layer_arm "tk2_$r" 1,8 K3FUSE_TOPK_TWO_STAGE=1
-        layer_arm "both_$r" 1,8 K3FUSE_MIXNORM_CLUSTER=4 K3FUSE_TOPK_TWO_STAGE=1
+        layer_arm "mc8_$r" 1,8 K3FUSE_MIXNORM_CLUSTER=8
     done
     tar czf "$OUT/logs_pending_layer.tgz" -C "$L" .
 else

@@ -337,10 +337,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         kernels.append(d)
     from .cache import dsl_version
     from .fused_residual_norm import mixnorm_cluster
-    from .router_topk import two_stage
     from .render import pdl_chain
     manifest = dict(config=a.config, tp=a.tp, batch=batches, arch=a.arch, dsl_version=dsl_version(),
-                    pdl_chain=pdl_chain(), mixnorm_cluster=mixnorm_cluster(), topk_two_stage=two_stage(),
+                    pdl_chain=pdl_chain(), mixnorm_cluster=mixnorm_cluster(),
                     kernels=kernels, skipped=skipped, failed=failed,
                     seconds=round(time.perf_counter() - t0, 2))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -41,20 +41,9 @@ def threads_for(E: int) -> int:
     return min(1024, max(32, 32 * math.ceil(E / 4 / 32)))
 
 
-def two_stage() -> bool:
-    """K3FUSE_TOPK_TWO_STAGE=1 (opt-in, session 8; compiled in CI, NOT yet run on a GPU): each warp takes its own
-    top-k without barriers, then one warp merges the warps' lists (templates/router_topk.py.jinja), instead of k
-    block-wide rounds with a barrier each. Read when a kernel is rendered, like render.pdl_chain() (call
-    codegen.compile.clear_memo() after changing it)."""
-    return os.environ.get("K3FUSE_TOPK_TWO_STAGE", "0") == "1"
-
-
 def template_params(E: int, k: int, renormalize: bool, scale: float) -> dict:
     t = threads_for(E)
-    p = dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), THREADS=t, VPT=math.ceil(E / t))
-    if two_stage():     # only when set, so that the one-stage kernel's source and cache key stay as they were
-        p["TWO_STAGE"] = True
-    return p
+    return dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), THREADS=t, VPT=math.ceil(E / t))
 
 
 def render_source(E: int, k: int, renormalize: bool = True, scale: float = 1.0) -> str:

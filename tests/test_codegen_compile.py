@@ -80,9 +80,9 @@ def test_fused_residual_norm_compiles(arch, nb, addend, prefix, fp32, pair):
                                                   (7, 2, False, True)])
 def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
     """K3FUSE_MIXNORM_CLUSTER=cl: one row per cluster of cl CTAs, the reductions summed over DSMEM (mapa +
-    ld.shared::cluster) between cluster barriers; the PDL chain's wait still precedes every global access. Off by
-    default: the one-CTA source is unchanged."""
-    monkeypatch.delenv("K3FUSE_MIXNORM_CLUSTER", raising=False)
+    ld.shared::cluster) between cluster barriers; the PDL chain's wait still precedes every global access.
+    K3FUSE_MIXNORM_CLUSTER=1 renders the one-CTA kernel (no cluster code)."""
+    monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", "1")
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
     src1 = frn.render_mixnorm(7168, nb, addend, prefix, True, True, 1e-5, 1e-5, wm_pair=True)
     assert "CL =" not in src1 and "cluster" not in src1.split('"""')[-1]
@@ -145,7 +145,6 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     from k3fuse.codegen import kernels_cli
     monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
     monkeypatch.delenv("K3FUSE_MIXNORM_CLUSTER", raising=False)
-    monkeypatch.delenv("K3FUSE_TOPK_TWO_STAGE", raising=False)
     out = tmp_path / "kout"
     rc = kernels_cli.main(["--config", "tiny", "--tp", "1", "--batch", "1,100", "--arch", "sm_90a",
                            "--out", str(out)])
@@ -153,8 +152,7 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     m = json.loads((out / "manifest.json").read_text())
     assert m["arch"] == "sm_90a" and m["config"] == "tiny"
     assert m["pdl_chain"] is True                      # the default: the layer's kernels launch as a PDL chain
-    assert m["mixnorm_cluster"] == 1                   # K3FUSE_MIXNORM_CLUSTER is opt-in
-    assert m["topk_two_stage"] is False                # K3FUSE_TOPK_TWO_STAGE too
+    assert m["mixnorm_cluster"] == 8                   # the default: a mix-norm row on a cluster of 8 CTAs
     fams = {k["family"] for k in m["kernels"]}
     # tiny's KDA head dim (16) has no kda_decode kernel: listed as skipped with the reason
     assert fams == {"gemv", "fused_residual_norm", "prefetch_l2", "moe_experts", "router_topk"}

@@ -79,28 +79,3 @@ def test_router_logits_and_topk_fallback_on_cpu():
     ids, wt = rt.router_topk_cuda(x, w, b, 4, True, 2.5)
     rids, rwt = ops.router_topk._init_fn(x, w, b, 4, True, 2.5)
     assert torch.equal(ids, rids) and torch.equal(wt, rwt)
-
-
-@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
-@pytest.mark.parametrize("E,k", [(896, 16), (100, 7), (1000, 32), (16, 4)])
-def test_router_topk_two_stage_compiles(arch, E, k, monkeypatch):
-    """K3FUSE_TOPK_TWO_STAGE=1: two barriers (after the warps' lists, before the output) instead of k + 1; the PDL
-    chain's wait before the first global access; the one-stage source unchanged without the knob."""
-    from k3fuse.codegen import compile as kcompile
-    monkeypatch.delenv("K3FUSE_TOPK_TWO_STAGE", raising=False)
-    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
-    assert "TWO_STAGE" not in rt.render_source(E, k, True, 2.5)
-    monkeypatch.setenv("K3FUSE_TOPK_TWO_STAGE", "1")
-    kcompile.clear_memo()
-    rt._built.clear()
-    try:
-        kern = rt.build(E, k, True, 2.5, arch=arch, load=False)
-    finally:
-        kcompile.clear_memo()
-        rt._built.clear()
-    assert "TWO_STAGE=True" in kern.source.split("\n")[1]
-    ptx = open(kern.files["kernel.ptx"]).read()
-    assert len(re.findall(r"\bbar(rier)?\.sync", ptx)) == 2
-    assert ptx.count("redux.sync") == 4 * k
-    wait = ptx.find("griddepcontrol.wait")
-    assert 0 <= wait < ptx.find("ld.global") and "ld.local" not in ptx

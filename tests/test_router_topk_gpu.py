@@ -94,23 +94,3 @@ def test_router_logits_gemv_fp32_out(M, seed, monkeypatch):
     assert rt._gemv_ok(x, w) == "K3FUSE_ROUTER_GEMV=0"
     lg2 = rt.router_logits_cuda(x, w)
     assert calls == [1] and ((lg2.double() - ref).norm() / ref.norm()).item() < 1e-5
-
-
-@pytest.mark.parametrize("M", [1, 3, 8, 64])
-def test_router_topk_two_stage(M, seed, monkeypatch):
-    """K3FUSE_TOPK_TWO_STAGE=1 (per-warp top-k, then one warp merges): the same checks as the one-stage kernel above
-    (ids equal to the reference, ties to the lower id across warps, a CUDA graph replay)."""
-    from k3fuse.codegen import compile as kcompile
-    from k3fuse.codegen import router_topk as rt
-    monkeypatch.setenv("K3FUSE_TOPK_TWO_STAGE", "1")
-    kcompile.clear_memo()
-    rt._built.clear()
-    try:
-        assert "TWO_STAGE=True" in rt.build(896, 16, True, 2.5).source.split("\n")[1]
-        for E, k, renorm in [(896, 16, True), (896, 16, False), (100, 7, True), (1000, 32, True), (16, 4, True)]:
-            test_router_topk_matches_reference(M, E, k, renorm, seed)
-        if M == 1:
-            test_router_topk_ties_and_graph(seed)
-    finally:
-        kcompile.clear_memo()
-        rt._built.clear()
