@@ -6,6 +6,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s8c5      # layer twice + small-GEMV tuning
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending        # session 8's opt-in kernels
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending_layer  # their layer A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh router         # the router in the MoE group
 # The first four ran in session 8 (RESULTS.md "Session 8"), the pending ones in session 9. Logs go to /tmp/k3v, back as one
 # tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
@@ -105,7 +106,22 @@ elif [ "$part" = pending_layer ]; then
         layer_arm "mc8_$r" 1,8 K3FUSE_MIXNORM_CLUSTER=8
     done
     tar czf "$OUT/logs_pending_layer.tgz" -C "$L" .
+# Session 9 call 3: the router's rows as an fp32 member of the MoE group (k3fuse::linear_group_router, pass
+# fuse_router_into_linear_group): GPU tests, memcheck, configs of the 3-member group, the layer A/B
+elif [ "$part" = router ]; then
+    pytests r_tests 200 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
+        -k "group_router or group_situ or router_topk_matches"
+    memcheck r_sanitizer 90 tests/test_kernels_gpu.py -k "gemv_group_router_matches and 3584"
+    timeout 90 python3 benchmarks/group_situ_tune.py --router --out "$L" > "$L/grt.txt" 2>&1
+    echo "router group configs rc=$?" | tee -a "$S"; grep "^M " "$L/grt.txt" | tee -a "$S"
+    for r in 1 2; do
+        layer_arm "base_$r" 1,2 -- --without-passes fuse_router_into_linear_group
+        layer_arm "router_$r" 1,2
+    done
+    tar czf "$OUT/logs_router.tgz" -C "$L" .
+    pytests r_runtime 150 tests/test_runtime_gpu.py       # the compiled model, one CUDA graph per bucket
+    tar czf "$OUT/logs_router.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router)" >&2
     exit 2
 fi

@@ -419,6 +419,19 @@ def group_situ_route(Ns, K: int, M: int, situ_members, gpu: Optional[str] = None
     return (None, why) if why else (cfg, "")
 
 
+def group_router_route(Ns, K: int, M: int, situ_members, gpu: Optional[str] = None) -> tuple[Optional[dict], str]:
+    """(config, "") for the grouped GEMV whose last member (the MoE router's rows) has an fp32 output, or (None, why):
+    the route of the same group without the fp32 distinction (group_situ_route with a SiTU member, else
+    group_route), kept only where it is a simt config (the fp32 member is generated for the simt variant)."""
+    situ_members = tuple(situ_members)
+    cfg, why = group_situ_route(Ns, K, M, situ_members, gpu) if situ_members else group_route(Ns, K, M, gpu)
+    if cfg is None:
+        return None, why
+    if cfg["variant"] != "simt":
+        return None, f"the grouped fp32 (router) member is generated for the simt variant only (not {cfg['variant']})"
+    return cfg, ""
+
+
 def group_situ_supports(Ns, K: int, bucket: int, cfg: dict, situ_members) -> Optional[str]:
     """None if the grouped kernel can give the members in situ_members the SiTU-GLU epilogue with this config."""
     if not situ_members:
@@ -433,15 +446,20 @@ def group_situ_supports(Ns, K: int, bucket: int, cfg: dict, situ_members) -> Opt
     return None
 
 
-def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None,
-                        situ: Optional[tuple] = None) -> tuple[str, str, dict]:
-    """situ = (member indices, beta, linear_beta): those members' outputs are situ_glu(x @ w^T) [M, N_i / 2]."""
+def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None, situ: Optional[tuple] = None,
+                        f32: tuple = ()) -> tuple[str, str, dict]:
+    """situ = (member indices, beta, linear_beta): those members' outputs are situ_glu(x @ w^T) [M, N_i / 2];
+    f32 = member indices whose outputs are fp32 (the router logits; simt only)."""
     Ns = [int(n) for n in Ns]
     members = tuple(situ[0]) if situ else ()
+    f32 = tuple(f32)
     cfg = _clean(_group_cfg(cfg or group_config_for(Ns, K, bucket)))
     if members:
         cfg = group_situ_config(cfg)
     why = group_supports(Ns, K, bucket, cfg) or group_situ_supports(Ns, K, bucket, cfg, members)
+    if not why and f32 and (cfg["variant"] != "simt" or set(f32) & set(members)
+                            or not all(0 <= j < len(Ns) for j in f32)):
+        why = f"fp32 members {list(f32)}: simt only, not a SiTU member (config {cfg})"
     if why:
         raise ValueError(why)
     template = f"gemv_{cfg['variant']}.py.jinja"
@@ -450,46 +468,52 @@ def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None,
     group, t0 = [], 0
     for j, n in enumerate(Ns):
         t = (n // 2) // (tile // 2) if j in members else -(-n // tile)
-        group.append(dict(N=n, T0=t0, T=t, SITU=j in members))
+        group.append(dict(N=n, T0=t0, T=t, SITU=j in members, **({"F32": j in f32} if f32 else {})))
         t0 += t
     params.update(GROUP=group, GPRED=any(n % tile for j, n in enumerate(Ns) if j not in members))
     if members:
         params.update(GSITU=True, BETA=repr(float(situ[1])), LBETA=repr(float(situ[2])))
+    if f32:         # only when set, so that the other groups' sources and cache keys stay as they were
+        params["GF32"] = True
     if cfg["variant"] == "mma":
         params["PRED_N"] = False     # per-member row predication (GPRED) instead
     return template, render(template, **params), cfg
 
 
 def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optional[str] = None,
-                load: bool = True, situ: Optional[tuple] = None):
+                load: bool = True, situ: Optional[tuple] = None, f32: tuple = ()):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     situ = (tuple(situ[0]), float(situ[1]), float(situ[2])) if situ else None
-    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, situ)
+    f32 = tuple(f32)
+    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, situ, f32)
     k = _built.get(memo)
     if k is not None:
         return k
-    template, src, cfg = render_group_source(Ns, K, bucket, cfg, situ)
-    meta = dict(family=FAMILY, op="k3fuse::linear_group_situ" if situ else "k3fuse::linear_group",
-                shape=dict(N=list(Ns), K=K), bucket=bucket, config=cfg, template=template)
-    if situ:
-        meta["fusion"] = dict(situ_members=list(situ[0]), beta=situ[1], lbeta=situ[2])
+    template, src, cfg = render_group_source(Ns, K, bucket, cfg, situ, f32)
+    op = ("k3fuse::linear_group_router" if f32 else "k3fuse::linear_group_situ" if situ else "k3fuse::linear_group")
+    meta = dict(family=FAMILY, op=op, shape=dict(N=list(Ns), K=K), bucket=bucket, config=cfg, template=template)
+    if situ or f32:
+        meta["fusion"] = dict(situ_members=list(situ[0]) if situ else [], beta=situ[1] if situ else None,
+                              lbeta=situ[2] if situ else None, **({"f32_members": list(f32)} if f32 else {}))
     k = compile_source(src, arch, load=load, meta=meta)
     _built[memo] = k
     return k
 
 
-def linear_group(x, ws, cfg: Optional[dict] = None, outs=None, situ: Optional[tuple] = None):
+def linear_group(x, ws, cfg: Optional[dict] = None, outs=None, situ: Optional[tuple] = None, f32: tuple = ()):
     """[x @ w^T for w in ws] in one launch on the current stream. x [M, K] bf16 contiguous, each w [N_i, K] bf16
     contiguous and 16-byte aligned, M <= 64. situ = (member indices, beta, linear_beta): those outputs are
-    situ_glu(x @ w^T, beta, linear_beta), [M, N_i / 2] (simt configs only: group_situ_supports)."""
+    situ_glu(x @ w^T, beta, linear_beta), [M, N_i / 2] (simt configs only: group_situ_supports). f32 = member
+    indices with fp32 outputs (the router logits; simt configs only)."""
     import torch
     M, K = x.shape
     Ns = [w.shape[0] for w in ws]
     bucket = bucket_for(M)
-    k = build_group(Ns, K, bucket, cfg or group_config_for(Ns, K, bucket), situ=situ)
+    k = build_group(Ns, K, bucket, cfg or group_config_for(Ns, K, bucket), situ=situ, f32=f32)
     members = tuple(situ[0]) if situ else ()
-    ys = outs if outs is not None else [torch.empty(M, n // 2 if j in members else n, dtype=x.dtype,
+    ys = outs if outs is not None else [torch.empty(M, n // 2 if j in members else n,
+                                                    dtype=torch.float32 if j in f32 else x.dtype,
                                                     device=x.device) for j, n in enumerate(Ns)]
     k(x, *ws, *ys)
     return ys

@@ -120,6 +120,23 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                                                              beta=cfg.activation_situ_beta,
                                                              lbeta=cfg.activation_situ_linear_beta),
                              name=f"gemv_group_situ_{'-'.join(map(str, Ns))}x{K}_b{b}"))
+    # pass fuse_router_into_linear_group: that group with the router's rows as a last, fp32-output member, where its
+    # kernel applies (simt buckets); elsewhere the lowering splits it into the SiTU group above + router_logits
+    for name, (Ns, K) in group_shapes(cfg, tp).items():
+        if not name.endswith("sharedgateup"):
+            continue
+        Nr = list(Ns) + [cfg.num_experts]
+        for b in buckets:
+            c, why = gemv.group_router_route(Nr, K, b, (len(Ns) - 1,), gpu=_gpu_for(arch))
+            if why:
+                skipped.append(dict(op="k3fuse::linear_group_router", name=name + "_router", shape=dict(N=Nr, K=K),
+                                    bucket=b, reason=f"split back into linear_group_situ + router_logits: {why}"))
+                continue
+            jobs.append(dict(family="gemv", op="k3fuse::linear_group_router", uses=[name + "_router"],
+                             shape=dict(N=Nr, K=K), bucket=b, config=c,
+                             fusion=dict(situ_members=[len(Ns) - 1], beta=cfg.activation_situ_beta,
+                                         lbeta=cfg.activation_situ_linear_beta, f32_members=[len(Nr) - 1]),
+                             name=f"gemv_group_router_{'-'.join(map(str, Nr))}x{K}_b{b}"))
     # pass fuse_rms_norm_into_linear: the GEMVs behind an RMSNorm, fused where codegen's predicate says the kernel
     # applies (registry.KERNEL_APPLIES: M <= 4, weights up to the measured size), else split back into norm + the
     # plain GEMV above
@@ -235,10 +252,11 @@ def build_job(job: dict, arch: str):
     if job["family"] == "gemv" and job["op"] == "k3fuse::linear_group":
         s = job["shape"]
         return gemv.build_group(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False)
-    if job["family"] == "gemv" and job["op"] == "k3fuse::linear_group_situ":
+    if job["family"] == "gemv" and job["op"] in ("k3fuse::linear_group_situ", "k3fuse::linear_group_router"):
         s, f = job["shape"], job["fusion"]
         return gemv.build_group(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False,
-                                situ=(tuple(f["situ_members"]), f["beta"], f["lbeta"]))
+                                situ=(tuple(f["situ_members"]), f["beta"], f["lbeta"]),
+                                f32=tuple(f.get("f32_members", ())))
     if job["family"] == "gemv":
         s = job["shape"]
         return gemv.build(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False,

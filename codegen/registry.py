@@ -12,6 +12,8 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
                                k3fuse::linear CUDA call per weight (what the separate linears did before the pass)
   k3fuse::linear_group_situ    the grouped GEMV with a SiTU-GLU epilogue on one member where the simt kernel applies
                                (KERNEL_APPLIES; else the lowering splits it), otherwise linear_group + the SiTU reference
+  k3fuse::linear_group_router  the group (SiTU member or not) with the MoE router's rows as one more, fp32-output member,
+                               where the simt kernel applies (KERNEL_APPLIES; else split), otherwise group + router_logits
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel; under TP with
                                K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel all-reduce (mixnorm_allreduce.py)
   k3fuse::all_gather           with K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel gather (allgather_oneshot.py)
@@ -211,6 +213,71 @@ def linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta):
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys]
 
 
+# ------------------------------------------------------------------------------------------- linear_group_router
+def _router_in_group_ok():
+    """None where the router may run inside the group; else which switch keeps it on its own path."""
+    from .router_topk import router_gemv_enabled
+    if os.environ.get("K3FUSE_ROUTER_TOPK", "1") == "0":
+        return "K3FUSE_ROUTER_TOPK=0"
+    if not router_gemv_enabled():
+        return "K3FUSE_ROUTER_GEMV=0"
+    return None if grouped_gemv_enabled() else "K3FUSE_GROUPED_GEMV=0"
+
+
+def _group_router_cfg(x, weights, router_weight, situ_member):
+    """(config, "") where the grouped kernel with the router's fp32 member runs for these shapes, else (None, why)."""
+    from . import gemv
+    K = x.shape[-1]
+    M = x.numel() // K if K else 0
+    why = _router_in_group_ok()
+    if why:
+        return None, why
+    if not isinstance(M, int) or not 1 <= M <= MAX_M:
+        return None, f"M={M} outside 1..{MAX_M}"
+    Ns = [w.shape[0] for w in weights] + [router_weight.shape[0]]
+    return gemv.group_router_route(Ns, K, M, (situ_member,) if situ_member >= 0 else ())
+
+
+def _linear_group_router_applies(x, weights, router_weight, situ_member, beta, linear_beta) -> bool:
+    """Where not (the mma buckets, from M = 3-4 on the H200), the lowering inlines the group op + router_logits."""
+    return _group_router_cfg(x, weights, router_weight, situ_member)[0] is not None
+
+
+def linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linear_beta):
+    import torch
+    from . import gemv
+    from .prefetch import join_pending
+    op = "k3fuse::linear_group_router"
+    cfg, reason = _group_router_cfg(x, weights, router_weight, situ_member)
+    ws = list(weights) + [router_weight]
+    if cfg is not None and (x.dtype != torch.bfloat16 or any(w.dtype != torch.bfloat16 for w in ws)):
+        cfg, reason = None, "dtypes (kernels are bf16)"
+    if cfg is not None and any(not w.is_contiguous() or w.data_ptr() % 16 or w.dim() != 2 for w in ws):
+        cfg, reason = None, "a weight not contiguous, 2-D and 16-byte aligned"
+    if cfg is not None and not _env_ok(op, x.device):
+        cfg, reason = None, None        # _env_ok logged why
+    if cfg is None:
+        if reason:
+            log_fallback(op, reason)
+        if situ_member >= 0:
+            outs = linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta)
+        else:
+            outs = linear_group_cuda(x, weights)
+        if _router_in_group_ok() == "K3FUSE_ROUTER_TOPK=0":
+            return outs + [_ref("router_logits")(x, router_weight)]
+        from .router_topk import router_logits_cuda
+        return outs + [router_logits_cuda(x, router_weight)]
+    join_pending()
+    K = x.shape[-1]
+    M = x.numel() // K
+    x2 = x.reshape(M, K)
+    if not x2.is_contiguous() or x2.data_ptr() % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)
+    situ = ((situ_member,), beta, linear_beta) if situ_member >= 0 else None
+    ys = gemv.linear_group(x2, ws, cfg, situ=situ, f32=(len(weights),))
+    return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys[:-1]] + [ys[-1]]
+
+
 # ------------------------------------------------------------------------------------- fused_residual_norm
 def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
                              fp32_norm, addend_partial=False, w_mix_scale=None):
@@ -360,7 +427,8 @@ def _rms_norm_linear_applies(x, norm_w, eps, weight) -> bool:
                                                                 tuple(weight.shape)) is None
 
 
-KERNEL_APPLIES = {"rms_norm_linear": _rms_norm_linear_applies, "linear_group_situ": _linear_group_situ_applies}
+KERNEL_APPLIES = {"rms_norm_linear": _rms_norm_linear_applies, "linear_group_situ": _linear_group_situ_applies,
+                  "linear_group_router": _linear_group_router_applies}
 
 
 OPTIONAL_IMPLS = {
@@ -374,6 +442,7 @@ IMPLS = {
     "k3fuse::linear": linear_cuda,
     "k3fuse::linear_group": linear_group_cuda,
     "k3fuse::linear_group_situ": linear_group_situ_cuda,
+    "k3fuse::linear_group_router": linear_group_router_cuda,
     "k3fuse::fused_residual_norm": fused_residual_norm_cuda,
     "k3fuse::prefetch_l2": prefetch_l2_cuda,
     "k3fuse::side_linear_situ": streams.side_linear_situ_cuda,

@@ -92,6 +92,27 @@ def _(x, weights, situ_member, beta, linear_beta):
             for i, w in enumerate(weights)]
 
 
+@torch.library.custom_op(f"{LIB}::linear_group_router", mutates_args=())
+def linear_group_router(x: torch.Tensor, weights: list[torch.Tensor], router_weight: torch.Tensor, situ_member: int,
+                        beta: float, linear_beta: float) -> list[torch.Tensor]:
+    """The group's outputs (linear_group, or linear_group_situ where situ_member >= 0) followed by the router's fp32
+    logits x @ router_weight^T: the router rows as one more member of the grouped GEMV, with an fp32 output (pass
+    `fuse_router_into_linear_group`). Written in k3fuse ops, so that where its kernel does not apply the lowering's
+    inlined reference is the group op + router_logits."""
+    if situ_member >= 0:
+        outs = list(torch.ops.k3fuse.linear_group_situ(x, weights, situ_member, beta, linear_beta))
+    else:
+        outs = list(torch.ops.k3fuse.linear_group(x, weights))
+    return outs + [torch.ops.k3fuse.router_logits(x, router_weight)]
+
+
+@linear_group_router.register_fake
+def _(x, weights, router_weight, situ_member, beta, linear_beta):
+    outs = [x.new_empty(*x.shape[:-1], w.shape[0] // 2 if i == situ_member else w.shape[0])
+            for i, w in enumerate(weights)]
+    return outs + [x.new_empty(x.shape[0], router_weight.shape[0], dtype=torch.float32)]
+
+
 @torch.library.custom_op(f"{LIB}::rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
     """Normalize in fp32, cast to out_dtype, multiply by weight (K3_MODEL.md notation)."""

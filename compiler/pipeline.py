@@ -10,9 +10,10 @@
                                              (after the split, which matches single linears; before the
                                              prefetch, which reads the group's weights)
     5. fuse_situ_glu_into_linear_group       a SiTU-GLU of one group output -> the group's SiTU-GLU epilogue
-    6. fuse_rms_norm_into_linear             an RMSNorm feeding one GEMV -> the GEMV with the norm fused
-    7. insert_prefetch                       L2 prefetch of the next weights while a collective runs
-    8. write_kda_state_in_place              kda_decode writes S and the conv state into the cache (its copies
+    6. fuse_router_into_linear_group         the MoE router's logits -> one more (fp32) member of that group
+    7. fuse_rms_norm_into_linear             an RMSNorm feeding one GEMV -> the GEMV with the norm fused
+    8. insert_prefetch                       L2 prefetch of the next weights while a collective runs
+    9. write_kda_state_in_place              kda_decode writes S and the conv state into the cache (its copies
                                              back go); last: the graph is no longer functional after it
 
 Canonicalization always runs; `options["passes"]` selects among the others.
@@ -38,18 +39,19 @@ def pipeline_passes():
     from k3fuse.passes.fuse_kda_conv_gated_norm import FuseKdaConvGatedNorm
     from k3fuse.passes.fuse_rms_norm_into_linear import FuseRmsNormIntoLinear
     from k3fuse.passes.fuse_shared_input_linears import FuseSharedInputLinears
+    from k3fuse.passes.fuse_router_into_linear_group import FuseRouterIntoLinearGroup
     from k3fuse.passes.fuse_situ_glu_into_linear_group import FuseSituGluIntoLinearGroup
     from k3fuse.passes.insert_prefetch import InsertPrefetch
     from k3fuse.passes.split_moe_across_ranks import SplitMoEAcrossRanks
     from k3fuse.passes.write_kda_state_in_place import WriteKdaStateInPlace
     return [Canonicalize, FuseKdaConvGatedNorm, FuseAttnOutAllReduceAttnResNorm, SplitMoEAcrossRanks,
-            FuseSharedInputLinears, FuseSituGluIntoLinearGroup, FuseRmsNormIntoLinear, InsertPrefetch,
-            WriteKdaStateInPlace]
+            FuseSharedInputLinears, FuseSituGluIntoLinearGroup, FuseRouterIntoLinearGroup, FuseRmsNormIntoLinear,
+            InsertPrefetch, WriteKdaStateInPlace]
 
 
 PASS_NAMES = ("canonicalize", "fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm",
               "split_moe_across_ranks", "fuse_shared_input_linears", "fuse_situ_glu_into_linear_group",
-              "fuse_rms_norm_into_linear", "insert_prefetch", "write_kda_state_in_place")
+              "fuse_router_into_linear_group", "fuse_rms_norm_into_linear", "insert_prefetch", "write_kda_state_in_place")
 
 
 def op_counts(graph: fx.Graph) -> dict[str, int]:

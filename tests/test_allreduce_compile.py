@@ -66,10 +66,11 @@ def _tail(src: str, start: str, stop: str) -> str:
 
 
 @pytest.mark.parametrize("v", VARIANTS)
-def test_math_is_the_mixnorm_templates(v):
-    """After y (the reduced row) the all-reduce kernel runs the mix-norm template's code verbatim: same math,
-    same rounding points, so its outputs match the TP = 1 path to the bit for the same y."""
+def test_math_is_the_mixnorm_templates(v, monkeypatch):
+    """After y (the reduced row) the all-reduce kernel runs the one-CTA mix-norm template's code verbatim: same math,
+    same rounding points, so its outputs match the TP = 1 path (K3FUSE_MIXNORM_CLUSTER=1) to the bit for the same y."""
     from k3fuse.codegen import fused_residual_norm as frn
+    monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", "1")
     args = (H, v["nb"], v["has_addend"], v["has_prefix"], v["has_norm"], v["fp32_norm"], 1e-5, 1e-6)
     ref = _tail(frn.render_mixnorm(*args), "y = t.load().to(Float32)", "@cute.jit")
     ours = _tail(mar.render_source(H, v["nb"], 4, *args[2:]), "y = acc.to(BFloat16).to(Float32)", "# -- 4. arrive")
@@ -206,7 +207,8 @@ def test_partial_addend_compiles(arch):
     assert not re.search(r"ld\.global\.(?:b16|u16|v2\.b32)", ptx)
 
 
-def test_partial_addend_render():
+def test_partial_addend_render(monkeypatch):
+    monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", "1")      # compared with the one-CTA mix-norm below
     src = mar.render_source(H, 3, 4, has_paddend=True)
     assert "mQ: cute.Tensor" in src and "bf16(addend + y) per rank" in src and "mA: cute.Tensor" not in src
     with pytest.raises(ValueError, match="one addend"):

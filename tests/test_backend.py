@@ -96,6 +96,7 @@ def test_debug_dir_env(tmp_path, monkeypatch):
                                                 "fuse_attn_out_allreduce_attnres_norm",
                                                 "split_moe_across_ranks", "fuse_shared_input_linears",
                                                 "fuse_situ_glu_into_linear_group",
+                                                "fuse_router_into_linear_group",
                                                 "fuse_rms_norm_into_linear", "insert_prefetch",
                                                 "write_kda_state_in_place"]
     assert s["ops"]["k3fuse.fused_residual_norm"] == 12

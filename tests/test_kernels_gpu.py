@@ -331,6 +331,75 @@ def test_linear_group_situ_op_and_graph_capture(M):
     graph_replays_poisoned(body, lambda: x.copy_(bf(M, K)), outs, check)
 
 
+@pytest.mark.parametrize("M", [1, 2])
+@pytest.mark.parametrize("Ns,member,cfg", [([3584, 768, 896], 1, None), ([3584, 768, 896], 1, {"variant": "simt", "R": 4, "W": 4}),
+                                           ([224, 56], -1, {"variant": "simt", "R": 4, "W": 2}),
+                                           ([130, 768, 100], 1, {"variant": "simt", "R": 2, "W": 8})])
+def test_gemv_group_router_matches_reference(Ns, member, cfg, M):
+    """The grouped GEMV with the router's rows as the last, fp32-output member (pass fuse_router_into_linear_group),
+    poisoned outputs: the logits fp32 against the fp64 product (rel < 1e-5: not rounded to bf16), the SiTU member
+    against situ_glu, the rest against the product."""
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    K = 7168
+    situ = ((member,), 4.0, 25.0) if member >= 0 else None
+    j = len(Ns) - 1
+    cfg = cfg or gemv.group_router_route(Ns, K, M, (member,) if member >= 0 else ())[0]
+    x = bf(M, K)
+    ws = [bf(n, K, scale=(3 if i == member else 1) * K ** -0.5) for i, n in enumerate(Ns)]
+    ys = [torch.full((M, n // 2 if i == member else n), float("nan"), device="cuda",
+                     dtype=torch.float32 if i == j else torch.bfloat16) for i, n in enumerate(Ns)]
+    gemv.linear_group(x, ws, cfg, outs=ys, situ=situ, f32=(j,))
+    for i, (y, w) in enumerate(zip(ys, ws)):
+        r = x.double() @ w.double().t()
+        if i == j:
+            assert rel(y, r) < 1e-5, (i, w.shape)
+            continue
+        r = r.to(torch.bfloat16)
+        if i == member:
+            r = ops.situ_glu._init_fn(r, 4.0, 25.0)
+        assert rel(y, r) < 1e-2, (i, w.shape)
+
+
+@pytest.mark.parametrize("M", [1, 2, 8])
+def test_linear_group_router_op_and_graph_capture(M):
+    """k3fuse::linear_group_router through its registered CUDA impl on the K3 TP16-width MoE group + router: one
+    kernel at the simt buckets, the split fallback (SiTU group + router_logits) at M = 8; then the router top-k on
+    its logits; replayed in a CUDA graph with poisoned outputs, the expert ids equal to the fp64 reference's."""
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    registry.register()
+    K = 7168
+    x = bf(M, K)
+    ws = [bf(3584, K, scale=K ** -0.5), bf(768, K, scale=3 * K ** -0.5)]
+    wr = bf(896, K, scale=K ** -0.5)
+    bias = torch.randn(896, device="cuda") * 0.05
+    outs = []
+
+    def body():
+        outs[:] = list(torch.ops.k3fuse.linear_group_router(x, ws, wr, 1, 4.0, 25.0))
+        outs[3:] = list(torch.ops.k3fuse.topk_from_logits(outs[2], bias, 16, True, 2.5))
+
+    def check():
+        assert outs[0].shape == (M, 3584) and outs[1].shape == (M, 384) and outs[2].dtype == torch.float32
+        assert rel(outs[0], x.double() @ ws[0].double().t()) < 1e-2
+        gu = (x.double() @ ws[1].double().t()).to(torch.bfloat16)
+        assert rel(outs[1], ops.situ_glu._init_fn(gu, 4.0, 25.0)) < 1e-2
+        lg = x.double() @ wr.double().t()
+        assert rel(outs[2], lg) < 1e-5
+        rids, rw = ops.topk_from_logits._init_fn(lg.float(), bias, 16, True, 2.5)
+        assert torch.equal(outs[3], rids) and rel(outs[4], rw.double()) < 1e-4
+
+    class FloatOuts:            # the int64 ids cannot hold the NaN poison: the float outputs only
+        def __iter__(self):
+            return iter([t for t in outs if t.is_floating_point()])
+
+    body()
+    check()
+    graph_replays_poisoned(body, lambda: x.copy_(bf(M, K)), FloatOuts(), check)
+
+
 @pytest.mark.parametrize("M", [1, 4, 8])
 @pytest.mark.parametrize("N,K", [(7168, 3584), (1152, 1536)])
 def test_rms_norm_linear_op(M, N, K):
