@@ -7,6 +7,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending        # session 8's opt-in kernels
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending_layer  # their layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh router         # the router in the MoE group
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s9final        # its memcheck + the layer table
 # The first four ran in session 8 (RESULTS.md "Session 8"), the pending ones in session 9. Logs go to /tmp/k3v, back as one
 # tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
@@ -111,7 +112,7 @@ elif [ "$part" = pending_layer ]; then
 elif [ "$part" = router ]; then
     pytests r_tests 200 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
         -k "group_router or group_situ or router_topk_matches"
-    memcheck r_sanitizer 90 tests/test_kernels_gpu.py -k "gemv_group_router_matches and 3584"
+    memcheck r_sanitizer 90 tests/test_kernels_gpu.py -k "gemv_group_router_matches and Ns0"   # (call 3 selected nothing)
     timeout 90 python3 benchmarks/group_situ_tune.py --router --out "$L" > "$L/grt.txt" 2>&1
     echo "router group configs rc=$?" | tee -a "$S"; grep "^M " "$L/grt.txt" | tee -a "$S"
     for r in 1 2; do
@@ -121,7 +122,15 @@ elif [ "$part" = router ]; then
     tar czf "$OUT/logs_router.tgz" -C "$L" .
     pytests r_runtime 150 tests/test_runtime_gpu.py       # the compiled model, one CUDA graph per bucket
     tar czf "$OUT/logs_router.tgz" -C "$L" .
+# Session 9 call 4: memcheck of the router group (call 3's selected no test), the layer table (README)
+elif [ "$part" = s9final ]; then
+    memcheck f_sanitizer 100 tests/test_kernels_gpu.py -k "(gemv_group_router_matches and Ns0) or (linear_group_router_op and 1)"
+    timeout 430 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 1,8,64 --top 16 \
+        > "$L/lb.txt" 2>&1
+    echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
+    cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s9final.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final)" >&2
     exit 2
 fi
