@@ -167,6 +167,29 @@ def linear_group_cuda(x, weights):
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys]
 
 
+def _fused_group_checks(op, cfg, reason, x, ws):
+    """(cfg, reason) after the checks the fused group ops make on top of their route: bf16 operands, contiguous 2-D
+    16-byte aligned weights, a kernel environment (which logs its own reason: None)."""
+    import torch
+    if cfg is not None and (x.dtype != torch.bfloat16 or any(w.dtype != torch.bfloat16 for w in ws)):
+        return None, "dtypes (kernels are bf16)"
+    if cfg is not None and any(not w.is_contiguous() or w.data_ptr() % 16 or w.dim() != 2 for w in ws):
+        return None, "a weight not contiguous, 2-D and 16-byte aligned"
+    if cfg is not None and not _env_ok(op, x.device):
+        return None, None
+    return cfg, reason
+
+
+def _rows_2d(x):
+    """x as contiguous, 16-byte aligned [M, K] rows (a fresh allocation is aligned)."""
+    import torch
+    K = x.shape[-1]
+    x2 = x.reshape(x.numel() // K, K)
+    if not x2.is_contiguous() or x2.data_ptr() % 16:
+        x2 = x2.clone(memory_format=torch.contiguous_format)
+    return x2
+
+
 def _group_situ_cfg(x, weights, situ_member):
     """(config, "") where the grouped kernel with the SiTU-GLU epilogue runs for these shapes, else (None, why)."""
     from . import gemv
@@ -186,18 +209,10 @@ def _linear_group_situ_applies(x, weights, situ_member, beta, linear_beta) -> bo
 
 
 def linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta):
-    import torch
     from . import gemv
     from .prefetch import join_pending
     op = "k3fuse::linear_group_situ"
-    cfg, reason = _group_situ_cfg(x, weights, situ_member)
-    K = x.shape[-1]
-    if cfg is not None and (x.dtype != torch.bfloat16 or any(w.dtype != torch.bfloat16 for w in weights)):
-        cfg, reason = None, "dtypes (kernels are bf16)"
-    if cfg is not None and any(not w.is_contiguous() or w.data_ptr() % 16 or w.dim() != 2 for w in weights):
-        cfg, reason = None, "a weight not contiguous, 2-D and 16-byte aligned"
-    if cfg is not None and not _env_ok(op, x.device):
-        cfg, reason = None, None        # _env_ok logged why
+    cfg, reason = _fused_group_checks(op, *_group_situ_cfg(x, weights, situ_member), x, weights)
     if cfg is None:
         if reason:
             log_fallback(op, reason)
@@ -205,11 +220,7 @@ def linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta):
         outs[situ_member] = _ref("situ_glu")(outs[situ_member], beta, linear_beta)
         return outs
     join_pending()
-    M = x.numel() // K
-    x2 = x.reshape(M, K)
-    if not x2.is_contiguous() or x2.data_ptr() % 16:
-        x2 = x2.clone(memory_format=torch.contiguous_format)
-    ys = gemv.linear_group(x2, list(weights), cfg, situ=((situ_member,), beta, linear_beta))
+    ys = gemv.linear_group(_rows_2d(x), list(weights), cfg, situ=((situ_member,), beta, linear_beta))
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys]
 
 
@@ -244,18 +255,11 @@ def _linear_group_router_applies(x, weights, router_weight, situ_member, beta, l
 
 
 def linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linear_beta):
-    import torch
     from . import gemv
     from .prefetch import join_pending
     op = "k3fuse::linear_group_router"
-    cfg, reason = _group_router_cfg(x, weights, router_weight, situ_member)
     ws = list(weights) + [router_weight]
-    if cfg is not None and (x.dtype != torch.bfloat16 or any(w.dtype != torch.bfloat16 for w in ws)):
-        cfg, reason = None, "dtypes (kernels are bf16)"
-    if cfg is not None and any(not w.is_contiguous() or w.data_ptr() % 16 or w.dim() != 2 for w in ws):
-        cfg, reason = None, "a weight not contiguous, 2-D and 16-byte aligned"
-    if cfg is not None and not _env_ok(op, x.device):
-        cfg, reason = None, None        # _env_ok logged why
+    cfg, reason = _fused_group_checks(op, *_group_router_cfg(x, weights, router_weight, situ_member), x, ws)
     if cfg is None:
         if reason:
             log_fallback(op, reason)
@@ -268,13 +272,8 @@ def linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linea
         from .router_topk import router_logits_cuda
         return outs + [router_logits_cuda(x, router_weight)]
     join_pending()
-    K = x.shape[-1]
-    M = x.numel() // K
-    x2 = x.reshape(M, K)
-    if not x2.is_contiguous() or x2.data_ptr() % 16:
-        x2 = x2.clone(memory_format=torch.contiguous_format)
     situ = ((situ_member,), beta, linear_beta) if situ_member >= 0 else None
-    ys = gemv.linear_group(x2, ws, cfg, situ=situ, f32=(len(weights),))
+    ys = gemv.linear_group(_rows_2d(x), ws, cfg, situ=situ, f32=(len(weights),))
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys[:-1]] + [ys[-1]]
 
 

@@ -174,3 +174,20 @@ def test_cpu_impl_of_the_op_is_the_reference():
     assert all(torch.equal(o, r) for o, r in zip(outs, ref))
     assert not torch.equal(outs[2], outs[2].to(bf).float())     # the logits are not rounded to bf16
     assert operator.index(outs[2].shape[1]) == 16
+
+
+def test_cuda_impl_falls_back_off_gpu():
+    """registry.linear_group_router_cuda where no kernel can run (CPU tensors): one log line, then the group op's
+    and router_logits' own paths, equal to the reference; _rows_2d gives contiguous 16-byte aligned rows."""
+    from k3fuse.codegen import registry
+    bf = torch.bfloat16
+    x, wa, wb, wr = (torch.randn(2, 64, dtype=bf), torch.randn(32, 64, dtype=bf), torch.randn(48, 64, dtype=bf),
+                     torch.randn(16, 64, dtype=bf))
+    for member in (1, -1):
+        outs = registry.linear_group_router_cuda(x, [wa, wb], wr, member, 4.0, 25.0)
+        ref = k3.linear_group_router(x, [wa, wb], wr, member, 4.0, 25.0)
+        assert [o.shape for o in outs] == [r.shape for r in ref] and outs[-1].dtype == torch.float32
+        assert all(torch.equal(o, r) for o, r in zip(outs, ref))
+    xt = torch.randn(64, 6, dtype=bf).t()           # not contiguous
+    x2 = registry._rows_2d(xt)
+    assert x2.is_contiguous() and x2.data_ptr() % 16 == 0 and torch.equal(x2, xt)
