@@ -447,9 +447,10 @@ def group_situ_supports(Ns, K: int, bucket: int, cfg: dict, situ_members) -> Opt
 
 
 def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None, situ: Optional[tuple] = None,
-                        f32: tuple = ()) -> tuple[str, str, dict]:
+                        f32: tuple = (), topk: Optional[tuple] = None) -> tuple[str, str, dict]:
     """situ = (member indices, beta, linear_beta): those members' outputs are situ_glu(x @ w^T) [M, N_i / 2];
-    f32 = member indices whose outputs are fp32 (the router logits; simt only)."""
+    f32 = member indices whose outputs are fp32 (the router logits; simt only); topk = (the fp32 member j, k,
+    renormalize, scale): the grid's last CTA also takes the router's top-k of member j's logits (group_topk_supports)."""
     Ns = [int(n) for n in Ns]
     members = tuple(situ[0]) if situ else ()
     f32 = tuple(f32)
@@ -460,6 +461,8 @@ def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None, sit
     if not why and f32 and (cfg["variant"] != "simt" or set(f32) & set(members)
                             or not all(0 <= j < len(Ns) for j in f32)):
         why = f"fp32 members {list(f32)}: simt only, not a SiTU member (config {cfg})"
+    if not why and topk:
+        why = group_topk_supports(Ns, cfg, f32, topk)
     if why:
         raise ValueError(why)
     template = f"gemv_{cfg['variant']}.py.jinja"
@@ -475,45 +478,88 @@ def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None, sit
         params.update(GSITU=True, BETA=repr(float(situ[1])), LBETA=repr(float(situ[2])))
     if f32:         # only when set, so that the other groups' sources and cache keys stay as they were
         params["GF32"] = True
+    if topk:        # likewise
+        j, k, renorm, scale = topk
+        params["TOPK"] = dict(J=j, E=Ns[j], K=k, RENORM=bool(renorm), SCALE=repr(float(scale)),
+                              VPT=-(-Ns[j] // (32 * cfg["W"])))
     if cfg["variant"] == "mma":
         params["PRED_N"] = False     # per-member row predication (GPRED) instead
     return template, render(template, **params), cfg
 
 
 def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optional[str] = None,
-                load: bool = True, situ: Optional[tuple] = None, f32: tuple = ()):
+                load: bool = True, situ: Optional[tuple] = None, f32: tuple = (), topk: Optional[tuple] = None):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     situ = (tuple(situ[0]), float(situ[1]), float(situ[2])) if situ else None
     f32 = tuple(f32)
-    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, situ, f32)
+    topk = (int(topk[0]), int(topk[1]), bool(topk[2]), float(topk[3])) if topk else None
+    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, situ, f32, topk)
     k = _built.get(memo)
     if k is not None:
         return k
-    template, src, cfg = render_group_source(Ns, K, bucket, cfg, situ, f32)
-    op = ("k3fuse::linear_group_router" if f32 else "k3fuse::linear_group_situ" if situ else "k3fuse::linear_group")
+    template, src, cfg = render_group_source(Ns, K, bucket, cfg, situ, f32, topk)
+    op = ("k3fuse::linear_group_router_topk" if topk else "k3fuse::linear_group_router" if f32
+          else "k3fuse::linear_group_situ" if situ else "k3fuse::linear_group")
     meta = dict(family=FAMILY, op=op, shape=dict(N=list(Ns), K=K), bucket=bucket, config=cfg, template=template)
     if situ or f32:
         meta["fusion"] = dict(situ_members=list(situ[0]) if situ else [], beta=situ[1] if situ else None,
-                              lbeta=situ[2] if situ else None, **({"f32_members": list(f32)} if f32 else {}))
+                              lbeta=situ[2] if situ else None, **({"f32_members": list(f32)} if f32 else {}),
+                              **({"topk": list(topk)} if topk else {}))
     k = compile_source(src, arch, load=load, meta=meta)
     _built[memo] = k
     return k
 
 
-def linear_group(x, ws, cfg: Optional[dict] = None, outs=None, situ: Optional[tuple] = None, f32: tuple = ()):
+def linear_group(x, ws, cfg: Optional[dict] = None, outs=None, situ: Optional[tuple] = None, f32: tuple = (),
+                 topk: Optional[tuple] = None, bias=None, sel=None):
     """[x @ w^T for w in ws] in one launch on the current stream. x [M, K] bf16 contiguous, each w [N_i, K] bf16
     contiguous and 16-byte aligned, M <= 64. situ = (member indices, beta, linear_beta): those outputs are
     situ_glu(x @ w^T, beta, linear_beta), [M, N_i / 2] (simt configs only: group_situ_supports). f32 = member
-    indices with fp32 outputs (the router logits; simt configs only)."""
+    indices with fp32 outputs (the router logits; simt configs only). topk = (j, k, renormalize, scale) with bias
+    (fp32 [N_j]): the router's selection of member j's logits in the same launch; returns ys + [ids, weights]
+    (into sel = (ids [M, k] int64, weights [M, k] fp32) if given)."""
     import torch
     M, K = x.shape
     Ns = [w.shape[0] for w in ws]
     bucket = bucket_for(M)
-    k = build_group(Ns, K, bucket, cfg or group_config_for(Ns, K, bucket), situ=situ, f32=f32)
+    k = build_group(Ns, K, bucket, cfg or group_config_for(Ns, K, bucket), situ=situ, f32=f32, topk=topk)
     members = tuple(situ[0]) if situ else ()
     ys = outs if outs is not None else [torch.empty(M, n // 2 if j in members else n,
                                                     dtype=torch.float32 if j in f32 else x.dtype,
                                                     device=x.device) for j, n in enumerate(Ns)]
-    k(x, *ws, *ys)
-    return ys
+    if not topk:
+        k(x, *ws, *ys)
+        return ys
+    ids, wts = sel if sel is not None else (torch.empty(M, topk[1], dtype=torch.int64, device=x.device),
+                                            torch.empty(M, topk[1], dtype=torch.float32, device=x.device))
+    k(x, *ws, *ys, bias, ids, wts, arrival_counter(x.device))
+    return list(ys) + [ids, wts]
+
+
+# The last-CTA selection's arrival counter: one int32 per device, zero between launches (the grid's last CTA re-arms
+# it). Shared by every such launch on the device: under the PDL chain a kernel touches it only after its wait for
+# the previous grid, so two launches never count at once; kernels on concurrent streams must not share it.
+_counters: dict = {}
+
+
+def arrival_counter(device):
+    import torch
+    c = _counters.get(device)
+    if c is None:
+        c = _counters[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return c
+
+
+def group_topk_supports(Ns, cfg: dict, f32, topk) -> Optional[str]:
+    """None if the grouped simt kernel can take the router's selection of member topk[0] in its last CTA."""
+    j, k = topk[0], topk[1]
+    if cfg.get("variant") != "simt":
+        return f"the last-CTA selection is generated for the simt variant only (not {cfg.get('variant')})"
+    if j not in tuple(f32):
+        return f"member {j} is not an fp32 (logits) member"
+    if not 1 <= k <= 32 or k > Ns[j]:
+        return f"top_k = {k} of {Ns[j]} experts (1..32: one warp reduces the scores)"
+    if -(-Ns[j] // (32 * cfg["W"])) > 32:
+        return f"{Ns[j]} experts over {32 * cfg['W']} threads: more than 32 per thread"
+    return None

@@ -137,6 +137,16 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                              fusion=dict(situ_members=[len(Ns) - 1], beta=cfg.activation_situ_beta,
                                          lbeta=cfg.activation_situ_linear_beta, f32_members=[len(Nr) - 1]),
                              name=f"gemv_group_router_{'-'.join(map(str, Nr))}x{K}_b{b}"))
+            if registry.topk_in_group_enabled():    # the router's selection in the same launch (opt-in)
+                tk = (len(Nr) - 1, cfg.num_experts_per_token, cfg.norm_topk_prob, cfg.routed_scaling_factor)
+                why = gemv.group_topk_supports(Nr, c, (len(Nr) - 1,), tk)
+                if why:
+                    skipped.append(dict(op="k3fuse::linear_group_router_topk", name=name + "_router_topk",
+                                        shape=dict(N=Nr, K=K), bucket=b, reason=why))
+                    continue
+                jobs.append(dict(jobs[-1], op="k3fuse::linear_group_router_topk", uses=[name + "_router_topk"],
+                                 fusion=dict(jobs[-1]["fusion"], topk=list(tk)),
+                                 name=f"gemv_group_router_topk_{'-'.join(map(str, Nr))}x{K}_b{b}"))
     # pass fuse_rms_norm_into_linear: the GEMVs behind an RMSNorm, fused where codegen's predicate says the kernel
     # applies (registry.KERNEL_APPLIES: M <= 4, weights up to the measured size), else split back into norm + the
     # plain GEMV above
@@ -252,11 +262,12 @@ def build_job(job: dict, arch: str):
     if job["family"] == "gemv" and job["op"] == "k3fuse::linear_group":
         s = job["shape"]
         return gemv.build_group(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False)
-    if job["family"] == "gemv" and job["op"] in ("k3fuse::linear_group_situ", "k3fuse::linear_group_router"):
+    if job["family"] == "gemv" and job["op"] in ("k3fuse::linear_group_situ", "k3fuse::linear_group_router",
+                                                 "k3fuse::linear_group_router_topk"):
         s, f = job["shape"], job["fusion"]
         return gemv.build_group(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False,
                                 situ=(tuple(f["situ_members"]), f["beta"], f["lbeta"]),
-                                f32=tuple(f.get("f32_members", ())))
+                                f32=tuple(f.get("f32_members", ())), topk=f.get("topk"))
     if job["family"] == "gemv":
         s = job["shape"]
         return gemv.build(s["N"], s["K"], job["bucket"], job["config"], arch=arch, load=False,

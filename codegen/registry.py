@@ -14,6 +14,8 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
                                (KERNEL_APPLIES; else the lowering splits it), otherwise linear_group + the SiTU reference
   k3fuse::linear_group_router  the group (SiTU member or not) with the MoE router's rows as one more, fp32-output member,
                                where the simt kernel applies (KERNEL_APPLIES; else split), otherwise group + router_logits
+  k3fuse::linear_group_router_topk   that op + the router's top-k: in the group's last CTA with K3FUSE_TOPK_IN_GROUP=1
+                               (opt-in), otherwise linear_group_router + the top-k kernel (two launches, as before)
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel; under TP with
                                K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel all-reduce (mixnorm_allreduce.py)
   k3fuse::all_gather           with K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel gather (allgather_oneshot.py)
@@ -277,6 +279,53 @@ def linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linea
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys[:-1]] + [ys[-1]]
 
 
+# ------------------------------------------------------------------------------------ linear_group_router_topk
+def topk_in_group_enabled() -> bool:
+    """K3FUSE_TOPK_IN_GROUP=1 (opt-in, session 9: GPU-tested, not yet timed): linear_group_router_topk takes the
+    router's selection in the grouped GEMV's last CTA (one launch); otherwise the group and the top-k kernel."""
+    return os.environ.get("K3FUSE_TOPK_IN_GROUP", "0") == "1"
+
+
+def _linear_group_router_topk_applies(x, weights, router_weight, bias, top_k, renormalize, scale, situ_member,
+                                      beta, linear_beta) -> bool:
+    """Where the group with the router does not run (the mma buckets), the lowering splits the op into
+    linear_group_router + topk_from_logits (and linear_group_router further)."""
+    return _group_router_cfg(x, weights, router_weight, situ_member)[0] is not None
+
+
+def linear_group_router_topk_cuda(x, weights, router_weight, bias, top_k, renormalize, scale, situ_member, beta,
+                                  linear_beta):
+    from . import gemv
+    from .prefetch import join_pending
+    from .router_topk import supports as topk_supports, topk_from_logits_cuda
+    op = "k3fuse::linear_group_router_topk"
+    cfg, reason = None, "K3FUSE_TOPK_IN_GROUP is not 1 (the group, then the top-k kernel)"
+    ws = list(weights) + [router_weight]
+    if topk_in_group_enabled():
+        cfg, reason = _fused_group_checks(op, *_group_router_cfg(x, weights, router_weight, situ_member), x, ws)
+    if cfg is not None:
+        E = router_weight.shape[0]
+        reason = (gemv.group_topk_supports([w.shape[0] for w in ws], cfg, (len(weights),), (len(weights), top_k))
+                  or topk_supports(E, top_k)
+                  or (None if bias.numel() == E and bias.device == x.device else "bias not [E] on x's device"))
+        cfg = None if reason else cfg
+    if cfg is None:
+        if reason:
+            log_fallback(op, reason)
+        outs = linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linear_beta)
+        if os.environ.get("K3FUSE_ROUTER_TOPK", "1") == "0":
+            return outs[:-1] + list(_ref("topk_from_logits")(outs[-1], bias, top_k, renormalize, scale))
+        return outs[:-1] + list(topk_from_logits_cuda(outs[-1], bias, top_k, renormalize, scale))
+    join_pending()
+    situ = ((situ_member,), beta, linear_beta) if situ_member >= 0 else None
+    j = len(weights)
+    b = bias.float().contiguous()
+    if b.data_ptr() % 16:
+        b = b.clone()
+    ys = gemv.linear_group(_rows_2d(x), ws, cfg, situ=situ, f32=(j,), topk=(j, top_k, renormalize, scale), bias=b)
+    return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys[:j]] + ys[j + 1:]
+
+
 # ------------------------------------------------------------------------------------- fused_residual_norm
 def fused_residual_norm_cuda(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name,
                              fp32_norm, addend_partial=False, w_mix_scale=None):
@@ -427,7 +476,8 @@ def _rms_norm_linear_applies(x, norm_w, eps, weight) -> bool:
 
 
 KERNEL_APPLIES = {"rms_norm_linear": _rms_norm_linear_applies, "linear_group_situ": _linear_group_situ_applies,
-                  "linear_group_router": _linear_group_router_applies}
+                  "linear_group_router": _linear_group_router_applies,
+                  "linear_group_router_topk": _linear_group_router_topk_applies}
 
 
 OPTIONAL_IMPLS = {
@@ -442,6 +492,7 @@ IMPLS = {
     "k3fuse::linear_group": linear_group_cuda,
     "k3fuse::linear_group_situ": linear_group_situ_cuda,
     "k3fuse::linear_group_router": linear_group_router_cuda,
+    "k3fuse::linear_group_router_topk": linear_group_router_topk_cuda,
     "k3fuse::fused_residual_norm": fused_residual_norm_cuda,
     "k3fuse::prefetch_l2": prefetch_l2_cuda,
     "k3fuse::side_linear_situ": streams.side_linear_situ_cuda,

@@ -113,6 +113,27 @@ def _(x, weights, router_weight, situ_member, beta, linear_beta):
     return outs + [x.new_empty(x.shape[0], router_weight.shape[0], dtype=torch.float32)]
 
 
+@torch.library.custom_op(f"{LIB}::linear_group_router_topk", mutates_args=())
+def linear_group_router_topk(x: torch.Tensor, weights: list[torch.Tensor], router_weight: torch.Tensor,
+                             bias: torch.Tensor, top_k: int, renormalize: bool, scale: float, situ_member: int,
+                             beta: float, linear_beta: float) -> list[torch.Tensor]:
+    """linear_group_router's group outputs, then topk_from_logits of its logits: [*outs, ids, weights] (pass
+    `fuse_topk_into_linear_group_router`; on CUDA with K3FUSE_TOPK_IN_GROUP=1 the selection runs in the grouped
+    GEMV's last CTA). Written in k3fuse ops, so that where its kernel does not apply the lowering's inlined reference
+    is the two ops."""
+    outs = list(torch.ops.k3fuse.linear_group_router(x, weights, router_weight, situ_member, beta, linear_beta))
+    ids, w = torch.ops.k3fuse.topk_from_logits(outs[-1], bias, top_k, renormalize, scale)
+    return outs[:-1] + [ids, w]
+
+
+@linear_group_router_topk.register_fake
+def _(x, weights, router_weight, bias, top_k, renormalize, scale, situ_member, beta, linear_beta):
+    outs = [x.new_empty(*x.shape[:-1], w.shape[0] // 2 if i == situ_member else w.shape[0])
+            for i, w in enumerate(weights)]
+    M = x.shape[0]
+    return outs + [x.new_empty(M, top_k, dtype=torch.int64), x.new_empty(M, top_k, dtype=torch.float32)]
+
+
 @torch.library.custom_op(f"{LIB}::rms_norm", mutates_args=())
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
     """Normalize in fp32, cast to out_dtype, multiply by weight (K3_MODEL.md notation)."""

@@ -11,9 +11,10 @@
                                              prefetch, which reads the group's weights)
     5. fuse_situ_glu_into_linear_group       a SiTU-GLU of one group output -> the group's SiTU-GLU epilogue
     6. fuse_router_into_linear_group         the MoE router's logits -> one more (fp32) member of that group
-    7. fuse_rms_norm_into_linear             an RMSNorm feeding one GEMV -> the GEMV with the norm fused
-    8. insert_prefetch                       L2 prefetch of the next weights while a collective runs
-    9. write_kda_state_in_place              kda_decode writes S and the conv state into the cache (its copies
+    7. fuse_topk_into_linear_group_router    the router's selection -> the same op (its last CTA, opt-in on CUDA)
+    8. fuse_rms_norm_into_linear             an RMSNorm feeding one GEMV -> the GEMV with the norm fused
+    9. insert_prefetch                       L2 prefetch of the next weights while a collective runs
+   10. write_kda_state_in_place              kda_decode writes S and the conv state into the cache (its copies
                                              back go); last: the graph is no longer functional after it
 
 Canonicalization always runs; `options["passes"]` selects among the others.
@@ -41,17 +42,19 @@ def pipeline_passes():
     from k3fuse.passes.fuse_shared_input_linears import FuseSharedInputLinears
     from k3fuse.passes.fuse_router_into_linear_group import FuseRouterIntoLinearGroup
     from k3fuse.passes.fuse_situ_glu_into_linear_group import FuseSituGluIntoLinearGroup
+    from k3fuse.passes.fuse_topk_into_linear_group_router import FuseTopkIntoLinearGroupRouter
     from k3fuse.passes.insert_prefetch import InsertPrefetch
     from k3fuse.passes.split_moe_across_ranks import SplitMoEAcrossRanks
     from k3fuse.passes.write_kda_state_in_place import WriteKdaStateInPlace
     return [Canonicalize, FuseKdaConvGatedNorm, FuseAttnOutAllReduceAttnResNorm, SplitMoEAcrossRanks,
-            FuseSharedInputLinears, FuseSituGluIntoLinearGroup, FuseRouterIntoLinearGroup, FuseRmsNormIntoLinear,
-            InsertPrefetch, WriteKdaStateInPlace]
+            FuseSharedInputLinears, FuseSituGluIntoLinearGroup, FuseRouterIntoLinearGroup,
+            FuseTopkIntoLinearGroupRouter, FuseRmsNormIntoLinear, InsertPrefetch, WriteKdaStateInPlace]
 
 
 PASS_NAMES = ("canonicalize", "fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm",
               "split_moe_across_ranks", "fuse_shared_input_linears", "fuse_situ_glu_into_linear_group",
-              "fuse_router_into_linear_group", "fuse_rms_norm_into_linear", "insert_prefetch", "write_kda_state_in_place")
+              "fuse_router_into_linear_group", "fuse_topk_into_linear_group_router", "fuse_rms_norm_into_linear",
+              "insert_prefetch", "write_kda_state_in_place")
 
 
 def op_counts(graph: fx.Graph) -> dict[str, int]:

@@ -29,6 +29,7 @@ WEIGHT_ARGS = {
     k3.linear_group.default: (1,),
     k3.linear_group_situ.default: (1,),
     k3.linear_group_router.default: (1, 2),
+    k3.linear_group_router_topk.default: (1, 2),
     k3.router_logits.default: (1,),
     k3.router_topk.default: (1,),
     k3.fused_residual_norm.default: (1,),

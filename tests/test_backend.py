@@ -97,6 +97,7 @@ def test_debug_dir_env(tmp_path, monkeypatch):
                                                 "split_moe_across_ranks", "fuse_shared_input_linears",
                                                 "fuse_situ_glu_into_linear_group",
                                                 "fuse_router_into_linear_group",
+                                                "fuse_topk_into_linear_group_router",
                                                 "fuse_rms_norm_into_linear", "insert_prefetch",
                                                 "write_kda_state_in_place"]
     assert s["ops"]["k3fuse.fused_residual_norm"] == 12

@@ -341,7 +341,6 @@ def test_gemv_group_router_matches_reference(Ns, member, cfg, M):
     against situ_glu, the rest against the product."""
     from k3fuse import ops
     from k3fuse.codegen import gemv
-    from k3fuse.codegen.buckets import bucket_for
     K = 7168
     situ = ((member,), 4.0, 25.0) if member >= 0 else None
     j = len(Ns) - 1
@@ -390,6 +389,74 @@ def test_linear_group_router_op_and_graph_capture(M):
         assert rel(outs[2], lg) < 1e-5
         rids, rw = ops.topk_from_logits._init_fn(lg.float(), bias, 16, True, 2.5)
         assert torch.equal(outs[3], rids) and rel(outs[4], rw.double()) < 1e-4
+
+    class FloatOuts:            # the int64 ids cannot hold the NaN poison: the float outputs only
+        def __iter__(self):
+            return iter([t for t in outs if t.is_floating_point()])
+
+    body()
+    check()
+    graph_replays_poisoned(body, lambda: x.copy_(bf(M, K)), FloatOuts(), check)
+
+
+@pytest.mark.parametrize("M,cfg", [(1, {"variant": "simt", "R": 4, "W": 8}), (2, {"variant": "simt", "R": 4, "W": 2}),
+                                   (1, {"variant": "simt", "R": 2, "W": 4}), (2, {"variant": "simt", "R": 2, "W": 8})])
+def test_gemv_group_router_topk_matches_reference(M, cfg):
+    """The selection in the grouped GEMV's last CTA (K3FUSE_TOPK_IN_GROUP=1's kernel) on the TP16 MoE group + router:
+    poisoned outputs, replayed in a CUDA graph with fresh inputs (the arrival counter re-arms itself: 0 after every
+    launch); the expert ids equal to the reference's on the kernel's own logits, the logits against fp64."""
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
+    K = 7168
+    x = bf(M, K)
+    ws = [bf(3584, K, scale=K ** -0.5), bf(768, K, scale=3 * K ** -0.5), bf(896, K, scale=K ** -0.5)]
+    bias = torch.randn(896, device="cuda") * 0.05
+    ys = [torch.empty(M, 3584, device="cuda", dtype=torch.bfloat16),
+          torch.empty(M, 384, device="cuda", dtype=torch.bfloat16), torch.empty(M, 896, device="cuda")]
+    sel = (torch.empty(M, 16, device="cuda", dtype=torch.int64), torch.empty(M, 16, device="cuda"))
+    run = lambda: gemv.linear_group(x, ws, cfg, outs=ys, situ=((1,), 4.0, 25.0), f32=(2,), topk=(2, 16, True, 2.5),
+                                    bias=bias, sel=sel)
+
+    def check():
+        assert gemv.arrival_counter(x.device).item() == 0
+        assert rel(ys[0], x.double() @ ws[0].double().t()) < 1e-2
+        gu = (x.double() @ ws[1].double().t()).to(torch.bfloat16)
+        assert rel(ys[1], ops.situ_glu._init_fn(gu, 4.0, 25.0)) < 1e-2
+        assert rel(ys[2], x.double() @ ws[2].double().t()) < 1e-5
+        rids, rw = ops.topk_from_logits._init_fn(ys[2], bias, 16, True, 2.5)
+        assert torch.equal(sel[0], rids) and rel(sel[1], rw.double()) < 1e-5
+
+    sel[0].fill_(-1)
+    run()
+    torch.cuda.synchronize()
+    check()
+    graph_replays_poisoned(run, lambda: x.copy_(bf(M, K)), [ys[0], ys[1], ys[2], sel[1]], check, replays=4)
+
+
+@pytest.mark.parametrize("M", [1, 2, 8])
+def test_linear_group_router_topk_op_in_graph(M, monkeypatch):
+    """k3fuse::linear_group_router_topk through its registered CUDA impl with K3FUSE_TOPK_IN_GROUP=1: one launch at
+    the simt buckets, the group + the top-k kernel at M = 8; in a CUDA graph with poisoned outputs."""
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    registry.register()
+    monkeypatch.setenv("K3FUSE_TOPK_IN_GROUP", "1")
+    K = 7168
+    x = bf(M, K)
+    ws = [bf(3584, K, scale=K ** -0.5), bf(768, K, scale=3 * K ** -0.5)]
+    wr = bf(896, K, scale=K ** -0.5)
+    bias = torch.randn(896, device="cuda") * 0.05
+    outs = []
+
+    def body():
+        outs[:] = list(torch.ops.k3fuse.linear_group_router_topk(x, ws, wr, bias, 16, True, 2.5, 1, 4.0, 25.0))
+
+    def check():
+        assert [o.shape for o in outs] == [(M, 3584), (M, 384), (M, 16), (M, 16)]
+        assert rel(outs[0], x.double() @ ws[0].double().t()) < 1e-2
+        lg = (x.double() @ wr.double().t()).float()
+        rids, rw = ops.topk_from_logits._init_fn(lg, bias, 16, True, 2.5)
+        assert torch.equal(outs[2], rids) and rel(outs[3], rw.double()) < 1e-4
 
     class FloatOuts:            # the int64 ids cannot hold the NaN poison: the float outputs only
         def __iter__(self):

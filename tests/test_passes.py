@@ -76,16 +76,17 @@ def test_canonicalize_ops(tiny_tp1):
     #   then the routed_expert_norm (MoE) and q_a_layernorm (MLA) went into their GEMV (rms_norm_linear)
     n_nl = n_moe + n_mla
     #   and each MoE group took the shared expert's SiTU-GLU as its epilogue (linear_group_situ), then the router's
-    #   logits as an fp32 member (linear_group_router), the selection left behind it (topk_from_logits)
+    #   logits as an fp32 member (linear_group_router), then the selection too (linear_group_router_topk)
     assert after == {"k3fuse.fused_residual_norm": 2 * L,
                      "k3fuse.linear": n_linear - 2 * L - n_grouped - n_kda - n_nl, "k3fuse.rms_norm_linear": n_nl,
-                     "k3fuse.linear_group": n_kda + n_mla, "k3fuse.linear_group_router": n_moe,
-                     "k3fuse.rms_norm": n_norm - 2 * L - n_kda - n_nl, "k3fuse.topk_from_logits": n_moe,
+                     "k3fuse.linear_group": n_kda + n_mla, "k3fuse.linear_group_router_topk": n_moe,
+                     "k3fuse.rms_norm": n_norm - 2 * L - n_kda - n_nl,
                      "k3fuse.situ_glu": 1, "k3fuse.kda_decode_": n_kda,
                      "k3fuse.mla_attention": n_mla, "k3fuse.moe_experts": n_moe}
     assert matches(s)["fuse_kda_conv_gated_norm"] == n_kda
     assert matches(s)["fuse_situ_glu_into_linear_group"] == n_moe
     assert matches(s)["fuse_router_into_linear_group"] == n_moe
+    assert matches(s)["fuse_topk_into_linear_group_router"] == n_moe
     assert matches(s)["write_kda_state_in_place"] == n_kda          # then writes its states in place
     assert err < 1e-4
 
@@ -176,7 +177,7 @@ def test_determinism_and_uuid(tmp_path):
     assert [p["uuid"] for p in s1["passes"]] == [p["uuid"] for p in s2["passes"]]
     da, db = sorted((tmp_path / "a").glob("graph_*"))[-1], sorted((tmp_path / "b").glob("graph_*"))[-1]
     fa = sorted(p.name for p in da.glob("*.py"))
-    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 20     # 10 passes x before / after
+    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 22     # 11 passes x before / after
     assert (da / fa[-1]).read_text() == (db / fa[-1]).read_text()
 
 
@@ -217,6 +218,8 @@ def test_passes_tp_numerics_and_matches(tp_compiled, tp):
         # the router's shard and the down projection's shard read the same x: one grouped GEMV (fp32 logits member)
         assert "k3fuse.router_topk" not in ops and "k3fuse.router_logits" not in ops
         assert m["fuse_router_into_linear_group"] == 5 and ops["k3fuse.linear_group_router"] == 5
+        # the logits are gathered across ranks before the selection: it stays topk_from_logits
+        assert m["fuse_topk_into_linear_group_router"] == 0 and ops["k3fuse.topk_from_logits"] == 5
         # router+z merged into one k3fuse.all_gather per MoE layer (its CUDA impl may gather in-kernel); the
         # lm_head's gather stays the functional collective
         assert ops["k3fuse.all_gather"] == 5 and ops["_c10d_functional.all_gather_into_tensor"] == 1
@@ -306,16 +309,17 @@ def test_k3_layout_match_counts():
     assert (ops["k3fuse.kda_decode_"], ops["k3fuse.mla_attention"], ops["k3fuse.moe_experts"]) == (69, 24, 92)
     assert matches(s)["fuse_kda_conv_gated_norm"] == 69 and "k3fuse.kda_recurrent" not in ops
     assert matches(s)["write_kda_state_in_place"] == 69 and "k3fuse.kda_decode" not in ops
-    assert ops["k3fuse.topk_from_logits"] == 92 and ops["k3fuse.fused_residual_norm"] == 186
-    assert "k3fuse.router_topk" not in ops
+    assert ops["k3fuse.linear_group_router_topk"] == 92 and ops["k3fuse.fused_residual_norm"] == 186
+    assert "k3fuse.router_topk" not in ops and "k3fuse.topk_from_logits" not in ops
     # one group of the normed input's linears per layer except the dense layer 0 (69 KDA of 6, 24 MLA of 3,
     # 92 MoE of 2 at TP = 1); left: lm_head, dense gate_up, MLA q_b, MoE routed up, (o_proj/down fused)
     assert matches(s)["fuse_shared_input_linears"] == 185
     # the 92 MoE groups took the shared expert's SiTU-GLU as their epilogue (the dense layer 0's stays), then the
-    # router's logits as an fp32 member
+    # router's logits as an fp32 member, then its selection
     assert matches(s)["fuse_situ_glu_into_linear_group"] == 92 and matches(s)["fuse_router_into_linear_group"] == 92
-    assert ops["k3fuse.linear_group"] == 93 and ops["k3fuse.linear_group_router"] == 92 and ops["k3fuse.situ_glu"] == 1
-    assert "k3fuse.linear_group_situ" not in ops
+    assert matches(s)["fuse_topk_into_linear_group_router"] == 92
+    assert ops["k3fuse.linear_group"] == 93 and ops["k3fuse.linear_group_router_topk"] == 92
+    assert ops["k3fuse.situ_glu"] == 1 and "k3fuse.linear_group_situ" not in ops
     # KDA f_b: inside kda_decode; MLA q_b and MoE routed up: with their norm (rms_norm_linear)
     assert ops["k3fuse.linear"] == 1 + 1 and ops["k3fuse.rms_norm_linear"] == 24 + 92
     assert matches(s)["fuse_rms_norm_into_linear"] == 116
