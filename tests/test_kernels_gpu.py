@@ -433,14 +433,16 @@ def test_gemv_group_router_topk_matches_reference(M, cfg):
     graph_replays_poisoned(run, lambda: x.copy_(bf(M, K)), [ys[0], ys[1], ys[2], sel[1]], check, replays=4)
 
 
+@pytest.mark.parametrize("knob", ["0", "1"])
 @pytest.mark.parametrize("M", [1, 2, 8])
-def test_linear_group_router_topk_op_in_graph(M, monkeypatch):
-    """k3fuse::linear_group_router_topk through its registered CUDA impl with K3FUSE_TOPK_IN_GROUP=1: one launch at
-    the simt buckets, the group + the top-k kernel at M = 8; in a CUDA graph with poisoned outputs."""
+def test_linear_group_router_topk_op_in_graph(M, knob, monkeypatch):
+    """k3fuse::linear_group_router_topk through its registered CUDA impl: with K3FUSE_TOPK_IN_GROUP=1 one launch at
+    the simt buckets; by default (and at M = 8) the group, then the top-k kernel; in a CUDA graph with poisoned
+    outputs."""
     from k3fuse import ops
     from k3fuse.codegen import registry
     registry.register()
-    monkeypatch.setenv("K3FUSE_TOPK_IN_GROUP", "1")
+    monkeypatch.setenv("K3FUSE_TOPK_IN_GROUP", knob)
     K = 7168
     x = bf(M, K)
     ws = [bf(3584, K, scale=K ** -0.5), bf(768, K, scale=3 * K ** -0.5)]
