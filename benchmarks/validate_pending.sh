@@ -8,6 +8,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending_layer  # their layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh router         # the router in the MoE group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s9final        # its memcheck + the layer table
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh topk_in_group  # PENDING: the top-k in the group
 # The first four ran in session 8 (RESULTS.md "Session 8"), the pending ones in session 9. Logs go to /tmp/k3v, back as one
 # tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
@@ -130,7 +131,22 @@ elif [ "$part" = s9final ]; then
     echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s9final.tgz" -C "$L" .
+# PENDING (written in session 9 after its device time ran out, never run on a GPU): K3FUSE_TOPK_IN_GROUP=1, the
+# router's top-k in the MoE group GEMV's last CTA (k3fuse::linear_group_router_topk). GPU tests, memcheck, the layer
+# A/B (knob 0 / 1, twice); make it the default only if the layer measures faster.
+elif [ "$part" = topk_in_group ]; then
+    pytests t_tests 200 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
+        -k "group_router_topk or linear_group_router_topk_op or group_router_matches or router_topk_matches"
+    memcheck t_sanitizer 100 tests/test_kernels_gpu.py -k "group_router_topk_matches"
+    for r in 1 2; do
+        layer_arm "tk0_$r" 1,2 K3FUSE_TOPK_IN_GROUP=0
+        layer_arm "tk1_$r" 1,2 K3FUSE_TOPK_IN_GROUP=1
+    done
+    tar czf "$OUT/logs_topk_in_group.tgz" -C "$L" .
+    pytests t_runtime 150 tests/test_runtime_gpu.py       # the compiled model, one CUDA graph per bucket (default)
+    K3FUSE_TOPK_IN_GROUP=1 pytests t_runtime1 150 tests/test_runtime_gpu.py
+    tar czf "$OUT/logs_topk_in_group.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group)" >&2
     exit 2
 fi

@@ -15,7 +15,8 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
   k3fuse::linear_group_router  the group (SiTU member or not) with the MoE router's rows as one more, fp32-output member,
                                where the simt kernel applies (KERNEL_APPLIES; else split), otherwise group + router_logits
   k3fuse::linear_group_router_topk   that op + the router's top-k: in the group's last CTA with K3FUSE_TOPK_IN_GROUP=1
-                               (opt-in), otherwise linear_group_router + the top-k kernel (two launches, as before)
+                               (opt-in; KERNEL_APPLIES is False without it, so the lowering splits the op back into
+                               linear_group_router + topk_from_logits), otherwise those two
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel; under TP with
                                K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel all-reduce (mixnorm_allreduce.py)
   k3fuse::all_gather           with K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel gather (allgather_oneshot.py)
@@ -281,16 +282,23 @@ def linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linea
 
 # ------------------------------------------------------------------------------------ linear_group_router_topk
 def topk_in_group_enabled() -> bool:
-    """K3FUSE_TOPK_IN_GROUP=1 (opt-in, session 9: GPU-tested, not yet timed): linear_group_router_topk takes the
-    router's selection in the grouped GEMV's last CTA (one launch); otherwise the group and the top-k kernel."""
+    """K3FUSE_TOPK_IN_GROUP=1 (opt-in, session 9: compiled in CI, NOT yet run on a GPU): linear_group_router_topk
+    takes the router's selection in the grouped GEMV's last CTA (one launch); otherwise the group and the top-k
+    kernel. Read at lowering (KERNEL_APPLIES) and at launch: fixed per process."""
     return os.environ.get("K3FUSE_TOPK_IN_GROUP", "0") == "1"
 
 
 def _linear_group_router_topk_applies(x, weights, router_weight, bias, top_k, renormalize, scale, situ_member,
                                       beta, linear_beta) -> bool:
-    """Where the group with the router does not run (the mma buckets), the lowering splits the op into
-    linear_group_router + topk_from_logits (and linear_group_router further)."""
-    return _group_router_cfg(x, weights, router_weight, situ_member)[0] is not None
+    """Only with K3FUSE_TOPK_IN_GROUP=1 and where the kernel takes it; elsewhere the lowering splits the op into
+    linear_group_router + topk_from_logits (and those further where their kernels do not apply): by default the
+    lowered graph is the one without the pass."""
+    from . import gemv
+    if not topk_in_group_enabled():
+        return False
+    cfg = _group_router_cfg(x, weights, router_weight, situ_member)[0]
+    Ns = [w.shape[0] for w in weights] + [router_weight.shape[0]]
+    return cfg is not None and gemv.group_topk_supports(Ns, cfg, (len(weights),), (len(weights), top_k)) is None
 
 
 def linear_group_router_topk_cuda(x, weights, router_weight, bias, top_k, renormalize, scale, situ_member, beta,

@@ -8,10 +8,10 @@ CTA the logits are in L2 and the launch goes.
 
 Where it fires in K3: per MoE layer at TP = 1 (92), after `fuse_router_into_linear_group`. Under TP > 1 the logits
 are all-gathered before the selection: no match, by design. The fused selection runs only with
-K3FUSE_TOPK_IN_GROUP=1 (opt-in until timed on a GPU) and on the simt buckets; otherwise the op's CUDA impl launches
-the two kernels as before, and at the mma buckets the lowering splits the op back into linear_group_router +
-topk_from_logits (compiler/lowering.py, KERNEL_APPLIES), so the graph after this pass is the same for every batch
-size, GPU and setting. Runs before `insert_prefetch`, which reads the op's weights.
+K3FUSE_TOPK_IN_GROUP=1 (opt-in: compiled in CI, not yet run on a GPU) and on the simt buckets; elsewhere, and by
+default, the lowering splits the op back into linear_group_router + topk_from_logits (compiler/lowering.py,
+KERNEL_APPLIES), so the graph after this pass is the same for every batch size, GPU and setting, and the lowered
+graph without the knob is the one without this pass. Runs before `insert_prefetch`, which reads the op's weights.
 """
 from __future__ import annotations
 

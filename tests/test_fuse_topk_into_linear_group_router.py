@@ -153,3 +153,40 @@ def test_cuda_impl_falls_back_off_gpu(monkeypatch, knob):
     assert [o.dtype for o in outs] == [bf, bf, torch.int64, torch.float32]
     assert all(torch.equal(o, r) for o, r in zip(outs, ref))
     assert registry.topk_in_group_enabled() is (knob == "1")
+
+
+def test_kernel_applies_only_with_the_knob(monkeypatch):
+    """By default the real predicate says no, so the lowering gives the graph without the pass (linear_group_router
+    + topk_from_logits, the GPU-measured kernels); with K3FUSE_TOPK_IN_GROUP=1 yes on the simt buckets (H200 table)."""
+    from k3fuse.codegen import registry, tuning
+    bf = torch.bfloat16
+    ws = [torch.empty(3584, 7168, dtype=bf), torch.empty(768, 7168, dtype=bf)]
+    wr, bias = torch.empty(896, 7168, dtype=bf), torch.empty(896)
+    monkeypatch.setattr(tuning, "current_gpu", lambda: "nvidia_h200")
+    applies = registry.KERNEL_APPLIES["linear_group_router_topk"]
+    args = lambda M: (torch.empty(M, 7168, dtype=bf), ws, wr, bias, 16, True, 2.5, 1, 4.0, 25.0)
+    monkeypatch.delenv("K3FUSE_TOPK_IN_GROUP", raising=False)
+    assert not applies(*args(1))
+    monkeypatch.setenv("K3FUSE_TOPK_IN_GROUP", "1")
+    assert applies(*args(1)) and applies(*args(2)) and not applies(*args(8))
+
+
+def test_default_lowering_is_the_graph_without_the_pass(monkeypatch):
+    """With the real predicate and K3FUSE_TOPK_IN_GROUP unset, the lowering splits the op back into exactly the two
+    ops the pass consumed (the kernels measured on the H200 without it); same values."""
+    from k3fuse import lowering
+    from k3fuse.codegen import registry
+    monkeypatch.delenv("K3FUSE_TOPK_IN_GROUP", raising=False)
+    gm, ins = _graph(1)
+    ref = gm(*ins)
+    assert FuseTopkIntoLinearGroupRouter()(gm.graph, PassContext(expect_matches=False)) == 1
+    gm.recompile()
+    for op in ("linear_group_router", "linear_group_situ"):
+        monkeypatch.setitem(lowering.KERNEL_APPLIES, op, lambda *a: True)
+    lowered, ops = lower_with_kernels(
+        gm, monkeypatch, {"k3fuse::linear_group_router_topk", "k3fuse::linear_group_router",
+                          "k3fuse::topk_from_logits"}, "linear_group_router_topk",
+        registry._linear_group_router_topk_applies)
+    assert lowered == ["linear_group_router_topk"]
+    assert ops["k3fuse.linear_group_router"] == 1 and ops["k3fuse.topk_from_logits"] == 1
+    assert all(torch.equal(o, r) for o, r in zip(gm(*ins), ref))
