@@ -84,9 +84,14 @@ def test_router_pass_then_this_one_on_a_hand_graph():
     assert all(torch.equal(o, r) for o, r in zip(gm(*ins), ref))
 
 
-@pytest.mark.parametrize("M,applies", [(1, True), (8, False)])
-def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, applies):
+@pytest.mark.parametrize("M,pred,applies", [(1, "M <= 2", True), (8, "M <= 2", False), (1, "registry", False)])
+def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, pred, applies):
+    """Where KERNEL_APPLIES says no, the lowering splits the op into exactly the two ops the pass consumed; with the
+    real predicate and K3FUSE_TOPK_IN_GROUP unset it always does (the default lowered graph is the one measured on the
+    H200 without the pass); same values either way."""
     from k3fuse import lowering
+    from k3fuse.codegen import registry
+    monkeypatch.delenv("K3FUSE_TOPK_IN_GROUP", raising=False)
     gm, ins = _graph(M)
     ref = gm(*ins)
     assert FuseTopkIntoLinearGroupRouter()(gm.graph, PassContext(expect_matches=False)) == 1
@@ -96,7 +101,8 @@ def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, applies
         monkeypatch.setitem(lowering.KERNEL_APPLIES, op, lambda *a: True)
     lowered, ops = lower_with_kernels(
         gm, monkeypatch, {"k3fuse::linear_group_router_topk", "k3fuse::linear_group_router",
-                          "k3fuse::topk_from_logits"}, "linear_group_router_topk", lambda x, *a: x.shape[0] <= 2)
+                          "k3fuse::topk_from_logits"}, "linear_group_router_topk",
+        registry._linear_group_router_topk_applies if pred == "registry" else lambda x, *a: x.shape[0] <= 2)
     if applies:
         assert lowered == [] and ops["k3fuse.linear_group_router_topk"] == 1
     else:
@@ -169,24 +175,3 @@ def test_kernel_applies_only_with_the_knob(monkeypatch):
     assert not applies(*args(1))
     monkeypatch.setenv("K3FUSE_TOPK_IN_GROUP", "1")
     assert applies(*args(1)) and applies(*args(2)) and not applies(*args(8))
-
-
-def test_default_lowering_is_the_graph_without_the_pass(monkeypatch):
-    """With the real predicate and K3FUSE_TOPK_IN_GROUP unset, the lowering splits the op back into exactly the two
-    ops the pass consumed (the kernels measured on the H200 without it); same values."""
-    from k3fuse import lowering
-    from k3fuse.codegen import registry
-    monkeypatch.delenv("K3FUSE_TOPK_IN_GROUP", raising=False)
-    gm, ins = _graph(1)
-    ref = gm(*ins)
-    assert FuseTopkIntoLinearGroupRouter()(gm.graph, PassContext(expect_matches=False)) == 1
-    gm.recompile()
-    for op in ("linear_group_router", "linear_group_situ"):
-        monkeypatch.setitem(lowering.KERNEL_APPLIES, op, lambda *a: True)
-    lowered, ops = lower_with_kernels(
-        gm, monkeypatch, {"k3fuse::linear_group_router_topk", "k3fuse::linear_group_router",
-                          "k3fuse::topk_from_logits"}, "linear_group_router_topk",
-        registry._linear_group_router_topk_applies)
-    assert lowered == ["linear_group_router_topk"]
-    assert ops["k3fuse.linear_group_router"] == 1 and ops["k3fuse.topk_from_logits"] == 1
-    assert all(torch.equal(o, r) for o, r in zip(gm(*ins), ref))
