@@ -228,10 +228,15 @@ def linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta):
 
 
 # ------------------------------------------------------------------------------------------- linear_group_router
+def router_topk_enabled() -> bool:
+    """The router kernels (router_topk.IMPLS) are registered unless K3FUSE_ROUTER_TOPK=0 (the ATen path)."""
+    return os.environ.get("K3FUSE_ROUTER_TOPK", "1") != "0"
+
+
 def _router_in_group_ok():
     """None where the router may run inside the group; else which switch keeps it on its own path."""
     from .router_topk import router_gemv_enabled
-    if os.environ.get("K3FUSE_ROUTER_TOPK", "1") == "0":
+    if not router_topk_enabled():
         return "K3FUSE_ROUTER_TOPK=0"
     if not router_gemv_enabled():
         return "K3FUSE_ROUTER_GEMV=0"
@@ -258,6 +263,7 @@ def _linear_group_router_applies(x, weights, router_weight, situ_member, beta, l
 
 
 def linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linear_beta):
+    import torch
     from . import gemv
     from .prefetch import join_pending
     op = "k3fuse::linear_group_router"
@@ -270,10 +276,8 @@ def linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linea
             outs = linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta)
         else:
             outs = linear_group_cuda(x, weights)
-        if _router_in_group_ok() == "K3FUSE_ROUTER_TOPK=0":
-            return outs + [_ref("router_logits")(x, router_weight)]
-        from .router_topk import router_logits_cuda
-        return outs + [router_logits_cuda(x, router_weight)]
+        # the dispatcher picks the router's own CUDA impl, or its reference under K3FUSE_ROUTER_TOPK=0
+        return outs + [torch.ops.k3fuse.router_logits(x, router_weight)]
     join_pending()
     situ = ((situ_member,), beta, linear_beta) if situ_member >= 0 else None
     ys = gemv.linear_group(_rows_2d(x), ws, cfg, situ=situ, f32=(len(weights),))
@@ -288,49 +292,52 @@ def topk_in_group_enabled() -> bool:
     return os.environ.get("K3FUSE_TOPK_IN_GROUP", "0") == "1"
 
 
+def _group_router_topk_cfg(x, weights, router_weight, bias, top_k, situ_member):
+    """(config, "") where the grouped kernel takes the router's selection in its last CTA, else (None, why)."""
+    from . import gemv
+    from .router_topk import supports as topk_supports
+    if not topk_in_group_enabled():
+        return None, "K3FUSE_TOPK_IN_GROUP is not 1 (the group, then the top-k kernel)"
+    cfg, why = _group_router_cfg(x, weights, router_weight, situ_member)
+    if cfg is None:
+        return None, why
+    j, E = len(weights), router_weight.shape[0]
+    why = (gemv.group_topk_supports([w.shape[0] for w in weights] + [E], cfg, (j,), (j, top_k))
+           or topk_supports(E, top_k) or (None if bias.numel() == E else f"bias of {bias.numel()} for {E} experts"))
+    return (None, why) if why else (cfg, "")
+
+
 def _linear_group_router_topk_applies(x, weights, router_weight, bias, top_k, renormalize, scale, situ_member,
                                       beta, linear_beta) -> bool:
     """Only with K3FUSE_TOPK_IN_GROUP=1 and where the kernel takes it; elsewhere the lowering splits the op into
     linear_group_router + topk_from_logits (and those further where their kernels do not apply): by default the
     lowered graph is the one without the pass."""
-    from . import gemv
-    if not topk_in_group_enabled():
-        return False
-    cfg = _group_router_cfg(x, weights, router_weight, situ_member)[0]
-    Ns = [w.shape[0] for w in weights] + [router_weight.shape[0]]
-    return cfg is not None and gemv.group_topk_supports(Ns, cfg, (len(weights),), (len(weights), top_k)) is None
+    return _group_router_topk_cfg(x, weights, router_weight, bias, top_k, situ_member)[0] is not None
 
 
 def linear_group_router_topk_cuda(x, weights, router_weight, bias, top_k, renormalize, scale, situ_member, beta,
                                   linear_beta):
+    import torch
     from . import gemv
     from .prefetch import join_pending
-    from .router_topk import supports as topk_supports, topk_from_logits_cuda
+    from .router_topk import bias_fp32
     op = "k3fuse::linear_group_router_topk"
-    cfg, reason = None, "K3FUSE_TOPK_IN_GROUP is not 1 (the group, then the top-k kernel)"
     ws = list(weights) + [router_weight]
-    if topk_in_group_enabled():
-        cfg, reason = _fused_group_checks(op, *_group_router_cfg(x, weights, router_weight, situ_member), x, ws)
-    if cfg is not None:
-        E = router_weight.shape[0]
-        reason = (gemv.group_topk_supports([w.shape[0] for w in ws], cfg, (len(weights),), (len(weights), top_k))
-                  or topk_supports(E, top_k)
-                  or (None if bias.numel() == E and bias.device == x.device else "bias not [E] on x's device"))
-        cfg = None if reason else cfg
+    cfg, reason = _fused_group_checks(op, *_group_router_topk_cfg(x, weights, router_weight, bias, top_k,
+                                                                  situ_member), x, ws)
+    if cfg is not None and bias.device != x.device:
+        cfg, reason = None, "bias not on x's device"
     if cfg is None:
         if reason:
             log_fallback(op, reason)
         outs = linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linear_beta)
-        if os.environ.get("K3FUSE_ROUTER_TOPK", "1") == "0":
-            return outs[:-1] + list(_ref("topk_from_logits")(outs[-1], bias, top_k, renormalize, scale))
-        return outs[:-1] + list(topk_from_logits_cuda(outs[-1], bias, top_k, renormalize, scale))
+        # the dispatcher picks the top-k kernel, or its reference under K3FUSE_ROUTER_TOPK=0
+        return outs[:-1] + list(torch.ops.k3fuse.topk_from_logits(outs[-1], bias, top_k, renormalize, scale))
     join_pending()
     situ = ((situ_member,), beta, linear_beta) if situ_member >= 0 else None
     j = len(weights)
-    b = bias.float().contiguous()
-    if b.data_ptr() % 16:
-        b = b.clone()
-    ys = gemv.linear_group(_rows_2d(x), ws, cfg, situ=situ, f32=(j,), topk=(j, top_k, renormalize, scale), bias=b)
+    ys = gemv.linear_group(_rows_2d(x), ws, cfg, situ=situ, f32=(j,), topk=(j, top_k, renormalize, scale),
+                           bias=bias_fp32(bias))
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys[:j]] + ys[j + 1:]
 
 
@@ -522,7 +529,7 @@ def register() -> bool:
     from .mla_attention import IMPLS as mla
     from .moe_experts import IMPLS as moe
     impls = {**IMPLS, **kda, **mla, **moe}
-    if os.environ.get("K3FUSE_ROUTER_TOPK", "1") != "0":      # on since it ran on the H200; =0: the ATen path
+    if router_topk_enabled():      # on since it ran on the H200; =0: the ATen path
         from .router_topk import IMPLS as topk
         impls.update(topk)
     # OPTIONAL_IMPLS: registered once compiler/ops.py defines those ops

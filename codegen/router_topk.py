@@ -87,15 +87,19 @@ def launch_ok(logits, bias, top_k) -> Optional[str]:
     return None
 
 
+def bias_fp32(bias):
+    """The correction bias as the kernels read it: fp32, contiguous, 16-byte aligned (a no-op for K3's fp32 bias)."""
+    b = bias.float().contiguous()
+    return b.clone() if b.data_ptr() % 16 else b
+
+
 def topk_from_logits(logits, bias, top_k, renormalize, scale):
     """Launch (caller checked launch_ok()). Returns (ids [M, k] int64, weights [M, k] fp32)."""
     import torch
     M, E = logits.shape
     kern = build(E, top_k, renormalize, scale)
     lg = logits if logits.is_contiguous() and logits.data_ptr() % 16 == 0 else logits.contiguous().clone()
-    b = bias.float().contiguous()
-    if b.data_ptr() % 16:
-        b = b.clone()
+    b = bias_fp32(bias)
     ids = torch.empty(M, top_k, dtype=torch.int64, device=logits.device)
     w = torch.empty(M, top_k, dtype=torch.float32, device=logits.device)
     kern(lg, b, ids, w)

@@ -86,10 +86,15 @@ def linear_group_situ(x: torch.Tensor, weights: list[torch.Tensor], situ_member:
     return outs
 
 
-@linear_group_situ.register_fake
-def _(x, weights, situ_member, beta, linear_beta):
+def _group_fakes(x, weights, situ_member):
+    """The grouped GEMV's member outputs; the SiTU member's (situ_member >= 0) is half as wide."""
     return [x.new_empty(*x.shape[:-1], w.shape[0] // 2 if i == situ_member else w.shape[0])
             for i, w in enumerate(weights)]
+
+
+@linear_group_situ.register_fake
+def _(x, weights, situ_member, beta, linear_beta):
+    return _group_fakes(x, weights, situ_member)
 
 
 @torch.library.custom_op(f"{LIB}::linear_group_router", mutates_args=())
@@ -108,9 +113,8 @@ def linear_group_router(x: torch.Tensor, weights: list[torch.Tensor], router_wei
 
 @linear_group_router.register_fake
 def _(x, weights, router_weight, situ_member, beta, linear_beta):
-    outs = [x.new_empty(*x.shape[:-1], w.shape[0] // 2 if i == situ_member else w.shape[0])
-            for i, w in enumerate(weights)]
-    return outs + [x.new_empty(x.shape[0], router_weight.shape[0], dtype=torch.float32)]
+    return _group_fakes(x, weights, situ_member) + [x.new_empty(x.shape[0], router_weight.shape[0],
+                                                                dtype=torch.float32)]
 
 
 @torch.library.custom_op(f"{LIB}::linear_group_router_topk", mutates_args=())
@@ -128,10 +132,9 @@ def linear_group_router_topk(x: torch.Tensor, weights: list[torch.Tensor], route
 
 @linear_group_router_topk.register_fake
 def _(x, weights, router_weight, bias, top_k, renormalize, scale, situ_member, beta, linear_beta):
-    outs = [x.new_empty(*x.shape[:-1], w.shape[0] // 2 if i == situ_member else w.shape[0])
-            for i, w in enumerate(weights)]
     M = x.shape[0]
-    return outs + [x.new_empty(M, top_k, dtype=torch.int64), x.new_empty(M, top_k, dtype=torch.float32)]
+    return _group_fakes(x, weights, situ_member) + [x.new_empty(M, top_k, dtype=torch.int64),
+                                                    x.new_empty(M, top_k, dtype=torch.float32)]
 
 
 @torch.library.custom_op(f"{LIB}::rms_norm", mutates_args=())

@@ -93,30 +93,24 @@ class FuseRouterIntoLinearGroup(K3FusePass):
             ws, situ = grp.args[1], (-1, 0.0, 0.0)
         else:
             ws, situ = [grp.args[1]], (-1, 0.0, 0.0)
-        vals = _val(grp) if grp.target != k3.linear.default else [_val(grp)]
+        # the new nodes get their values from K3FusePass's fill_missing_vals (run on their inputs' fake values)
         ins = graph.inserting_after(where) if where not in (grp, router) else graph.inserting_before(where)
         with ins:
             new = graph.call_function(k3.linear_group_router.default, (x, list(ws), w_r, *situ))
-        new.meta["val"] = list(vals) + [_val(router) if router.target == k3.router_logits.default
-                                        else _val(x).new_empty(_val(x).shape[0], _val(w_r).shape[0],
-                                                               dtype=torch.float32)]
         with graph.inserting_after(new):
             lg = graph.call_function(operator.getitem, (new, len(ws)))
         if grp.target == k3.linear.default:     # the lone linear's value is member 0
             with graph.inserting_after(new):
                 y = graph.call_function(operator.getitem, (new, 0))
-            y.meta["val"] = vals[0]
             grp.replace_all_uses_with(y)
         else:                                   # the group's getitems now read the new node
             grp.replace_all_uses_with(new)
-        lg.meta["val"] = new.meta["val"][-1]
         if router.target == k3.router_logits.default:
             router.replace_all_uses_with(lg)
         else:
             _, _, bias, top_k, renorm, scale = router.args
             with graph.inserting_after(lg):
                 sel = graph.call_function(k3.topk_from_logits.default, (lg, bias, top_k, renorm, scale))
-            sel.meta["val"] = _val(router)
             router.replace_all_uses_with(sel)
         graph.erase_node(router)
         graph.erase_node(grp)

@@ -46,10 +46,7 @@ class FuseTopkIntoLinearGroupRouter(K3FusePass):
             # the group node becomes the fused op in place: its members' getitems stay, ids / weights follow them
             grp.target = k3.linear_group_router_topk.default
             grp.args = (x, ws, w_r, bias, top_k, renorm, scale, situ_member, beta, lbeta)
-            vals = grp.meta.get("val")
-            sv = sel.meta.get("val")
-            if vals is not None and sv is not None:
-                grp.meta["val"] = list(vals[:-1]) + list(sv)
+            grp.meta.pop("val", None)        # recomputed by fill_missing_vals; its getitems' values stay right
             for u in list(sel.users):
                 u.args = (grp, j + u.args[1])
             graph.erase_node(sel)
