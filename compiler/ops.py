@@ -354,6 +354,32 @@ def _(q_nope, q_pe, cache, kv_b, seq_lens, scale):
     return q_nope.new_empty(M, h, kv_b.shape[0] // h - n, dtype=torch.float32)
 
 
+@torch.library.custom_op(f"{LIB}::mla_append_attention_", mutates_args=("cache",))
+def mla_append_attention_(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.Tensor, kv_norm_w: torch.Tensor,
+                          kv_eps: float, norm_dtype: torch.dtype, cache: torch.Tensor, kv_b: torch.Tensor,
+                          seq_lens: torch.Tensor, scale: float, gate: Optional[torch.Tensor],
+                          out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """The MLA decode step around its attention (pass `fuse_mla_append_and_gate`, K3_MODEL.md section 5 steps 2, 4,
+    6-7): the new token's cache row [RMSNorm(ckv[:, :C]; kv_norm_w) | ckv[:, C:]] is written IN PLACE at
+    cache[m, seq_lens[m]] (C = kv_b.shape[1]), then mla_attention over the cache, then the output gate
+    o * sigmoid(gate) if gate ([M, h * v]) is given, cast to out_dtype if given. Written in the ops it replaces, so
+    it is the unfused graph's math bit for bit."""
+    C = kv_b.shape[1]
+    latent = torch.ops.k3fuse.rms_norm(ckv[:, :C], kv_norm_w, kv_eps, norm_dtype)
+    row = torch.cat([latent, ckv[:, C:]], dim=-1)
+    cache[torch.arange(ckv.shape[0], device=cache.device), seq_lens] = row.to(cache.dtype)
+    o = torch.ops.k3fuse.mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale)
+    if gate is not None:
+        o = o * torch.sigmoid(gate.float().view(o.shape))
+    return o if out_dtype is None else o.to(out_dtype)
+
+
+@mla_append_attention_.register_fake
+def _(q_nope, q_pe, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b, seq_lens, scale, gate, out_dtype):
+    M, h, n = q_nope.shape
+    return q_nope.new_empty(M, h, kv_b.shape[0] // h - n, dtype=out_dtype or torch.float32)
+
+
 # ------------------------------------------------------------------------------------------------ fused ops
 @torch.library.custom_op(f"{LIB}::fused_residual_norm", mutates_args=())
 def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[torch.Tensor],

@@ -137,6 +137,8 @@ class FuseKdaConvGatedNorm(K3FusePass):
                 logger.debug("k3fuse pass %s: %s left unfused: %s", self.name, kr.name, why)
             else:
                 matches += 1
+        if not matches and not graph.find_nodes(op="call_function", target=k3.kda_recurrent.default):
+            self.skip_reason = "no k3fuse.kda_recurrent in the graph (an MLA-only graph)"
         return matches
 
     def _rewrite(self, graph: fx.Graph, kr: fx.Node) -> Optional[str]:
