@@ -8,7 +8,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh pending_layer  # their layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh router         # the router in the MoE group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s9final        # its memcheck + the layer table
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh topk_in_group  # PENDING: the top-k in the group
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh topk_in_group  # the top-k in the group (s10)
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s10            # the MLA glue in its kernels
 # The first four ran in session 8 (RESULTS.md "Session 8"), the pending ones in session 9. Logs go to /tmp/k3v, back as one
 # tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
@@ -146,7 +147,20 @@ elif [ "$part" = topk_in_group ]; then
     K3FUSE_TOPK_IN_GROUP=1 pytests t_runtime1 150 tests/test_runtime_gpu.py   # the compiled model, a graph per bucket
     pytests t_runtime 120 tests/test_runtime_gpu.py       # (default)
     tar czf "$OUT/logs_topk_in_group.tgz" -C "$L" .
+# Session 10: the MLA glue in the attention kernels (pass fuse_mla_append_and_gate, op mla_append_attention_: the
+# kv_a norm + cache append in qabsorb, the output gate + cast in combine) and the top-k in the group from 256
+# threads (default now): GPU tests, memcheck, the layer A/B (without / with the pass, twice), the compiled model
+elif [ "$part" = s10 ]; then
+    pytests a_tests 200 tests/test_mla_kernel_gpu.py tests/test_kernels_gpu.py -k "append or linear_group_router_topk_op"
+    memcheck a_sanitizer 100 tests/test_mla_kernel_gpu.py -k "append_attention_matches and 12-True and (1-2000 or 3-1000)"
+    for r in 1 2; do
+        layer_arm "m0_$r" 1,8 -- --without-passes fuse_mla_append_and_gate
+        layer_arm "m1_$r" 1,8
+    done
+    tar czf "$OUT/logs_s10.tgz" -C "$L" .
+    pytests a_runtime 150 tests/test_runtime_gpu.py       # the compiled model, one CUDA graph per bucket
+    tar czf "$OUT/logs_s10.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10)" >&2
     exit 2
 fi

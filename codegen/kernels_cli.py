@@ -234,9 +234,16 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         for b in buckets:
             by_splits.setdefault(mla_attention.splits_for(b), []).append(b)
         for (qs, vs), bs in by_splits.items():
-            jobs.append(dict(family="mla_attention", op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C),
-                             bucket=bs[0], config=dict(scale=(n + r) ** -0.5, splits=[qs, vs], buckets=bs),
-                             name=f"mla_attention_h{h}_c{C}_qs{qs}_vs{vs}",
+            # one head group: pass fuse_mla_append_and_gate's op (the cache append + output gate variant); more:
+            # its CUDA impl falls back to the plain kernel per group (the append runs once, in ATen)
+            fused = groups == 1
+            jobs.append(dict(family="mla_attention",
+                             op="k3fuse::mla_append_attention_" if fused else "k3fuse::mla_attention",
+                             shape=dict(h=h, n=n, v=v, r=r, C=C), bucket=bs[0],
+                             config=dict(scale=(n + r) ** -0.5, splits=[qs, vs], buckets=bs,
+                                         **({"append_eps": cfg.mla_lora_norm_eps, "gate": True, "out": "bfloat16"}
+                                            if fused else {})),
+                             name=f"mla_{'append_' if fused else ''}attention_h{h}_c{C}_qs{qs}_vs{vs}",
                              **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp
@@ -287,8 +294,10 @@ def build_job(job: dict, arch: str):
     if job["family"] == "mla_attention":
         from . import mla_attention
         s = job["shape"]
-        return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], job["config"]["scale"], arch=arch,
-                                   load=False, splits=job["config"]["splits"])
+        c = job["config"]
+        return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
+                                   splits=c["splits"], append_eps=c.get("append_eps"), gate=c.get("gate", False),
+                                   out_dtype=c.get("out", "float32"))
     if job["family"] == "moe_experts":
         from . import moe_experts
         s, c = job["shape"], job["config"]

@@ -31,6 +31,7 @@ from .render import render
 FAMILY = "mla_attention"
 TEMPLATE = "mla_attention.py.jinja"
 OP = "k3fuse::mla_attention"
+OP_APPEND = "k3fuse::mla_append_attention_"   # + the cache append (qabsorb) and the output gate (combine)
 THREADS = 256
 HG = 2                  # head groups of the PV step (THREADS / HG column groups)
 DEFAULT_TT = 32         # tokens per shared-memory tile
@@ -101,21 +102,27 @@ def supports(h: int, n: int, v: int, r: int, C: int, tt: int = DEFAULT_TT) -> Op
 
 
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
-                    tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS) -> dict:
+                    tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
+                    gate: bool = False, out_dtype="float32") -> dict:
     hp = padded_heads(h)
     nch = (C + r) // 8
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
     return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HG=HG, HH=hp // HG,
                 CPT=C // (THREADS // HG), UNROLL_S=unroll, LDG=LOADS_IN_FLIGHT, SCALE=repr(float(scale)), QDT=_dtname(q_dtype),
-                QS=int(splits[0]), VS=int(splits[1]))
+                QS=int(splits[0]), VS=int(splits[1]), APPEND=append_eps is not None,
+                EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype))
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
-                  tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS) -> str:
+                  tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
+                  gate: bool = False, out_dtype="float32") -> str:
+    """append_eps: the mla_append_attention_ variant (the cache append in qabsorb, with kv_a_layernorm's eps);
+    gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast)."""
     why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits)
     if why:
         raise ValueError(why)
-    return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits))
+    return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits, append_eps, gate,
+                                              out_dtype))
 
 
 _built: dict = {}
@@ -123,18 +130,23 @@ _built: dict = {}
 
 def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
           q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True,
-          splits=DEFAULT_SPLITS):
-    """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile) and arch. The rendered
-    source bakes every one of these, so the cache key (sha256 of source + arch) covers them."""
+          splits=DEFAULT_SPLITS, append_eps: Optional[float] = None, gate: bool = False, out_dtype="float32"):
+    """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile, the append / gate
+    variant) and arch. The rendered source bakes every one of these, so the cache key (sha256 of source + arch)
+    covers them."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     splits = tuple(int(x) for x in splits)
-    memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits)
+    eps = float(append_eps) if append_eps is not None else None
+    memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
+            _dtname(out_dtype))
     if memo in _built:
         return _built[memo]
-    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits)
-    meta = dict(family=FAMILY, op=OP, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
-                config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits)))
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype)
+    op = OP_APPEND if eps is not None else OP
+    meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
+                config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits),
+                            append_eps=eps, gate=bool(gate), out=_dtname(out_dtype)))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
@@ -221,9 +233,10 @@ def _prep_q(t):
 
 
 def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None,
-                  splits=None):
-    """Launch the kernels (caller checked launch_ok()). Returns o [M, h, v] fp32. splits: (QS, VS), default
-    splits_for(M)."""
+                  splits=None, append=None, gate=None, out_dtype=None):
+    """Launch the kernels (caller checked launch_ok(), and append_ok() for append / gate). Returns o [M, h, v] fp32
+    (out_dtype if given). splits: (QS, VS), default splits_for(M). append: (ckv [M, C + r], kv_norm_w [C], eps): the
+    new token's row is written into the cache first (mla_append_attention_); gate [M, h * v]: o * sigmoid(gate)."""
     import torch
     M, h, n = q_nope.shape
     r = q_pe.shape[2]
@@ -233,7 +246,9 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     hp = padded_heads(h)
     dev = cache.device
     splits = tuple(splits or splits_for(M))
-    kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits)
+    odt = out_dtype or torch.float32
+    kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
+                 append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt)
     ns = n_split or n_splits(M, T, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()))
     f32 = torch.float32
     qn, qp = _prep_q(q_nope), _prep_q(q_pe)
@@ -243,8 +258,13 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     opart = torch.empty(M, ns, hp, C, dtype=f32, device=dev)
     ml = torch.empty(M, ns, hp, 2, dtype=f32, device=dev)
     if out is None:
-        out = torch.empty(M, h, v, dtype=f32, device=dev)
-    kern(qn, qp, cache, w, sl, qs, opart, ml, out)
+        out = torch.empty(M, h, v, dtype=odt, device=dev)
+    extra = []
+    if append is not None:
+        extra += [_prep(append[0]), _prep(append[1])]
+    if gate is not None:
+        extra.append(_prep(gate).view(M, h, v))
+    kern(qn, qp, cache, w, sl, qs, opart, ml, out, *extra)
     return out
 
 
@@ -278,4 +298,47 @@ def mla_attention_cuda(q_nope, q_pe, cache, kv_b, seq_lens, scale):
     return mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale)
 
 
-IMPLS = {OP: mla_attention_cuda}
+def append_ok(q_nope, ckv, kv_norm_w, norm_dtype, cache, kv_b, gate, out_dtype) -> Optional[str]:
+    """None if the append / gate variant takes these (on top of launch_ok()), else the reason."""
+    import torch
+    bf = torch.bfloat16
+    M, h = q_nope.shape[:2]
+    C = kv_b.shape[1]
+    if ckv.dim() != 2 or tuple(ckv.shape) != (M, cache.shape[2]):
+        return f"ckv {tuple(ckv.shape)} is not [M, C + r] = [{M}, {cache.shape[2]}]"
+    if ckv.dtype != bf or kv_norm_w.dtype != bf or norm_dtype != bf or tuple(kv_norm_w.shape) != (C,):
+        return f"ckv / kv_norm_w / norm dtypes {ckv.dtype} / {kv_norm_w.dtype} / {norm_dtype} (the kernel: bf16, [C])"
+    if gate is not None and (gate.dtype != bf or gate.numel() != M * h * (kv_b.shape[0] // h - q_nope.shape[2])):
+        return f"gate {gate.dtype} {tuple(gate.shape)} (the kernel: bf16 [M, h * v])"
+    if out_dtype not in (None, torch.float32, bf):
+        return f"out dtype {out_dtype}"
+    if head_groups(h) != 1:
+        return f"{h} heads per rank take {head_groups(h)} launches (the append runs in one)"
+    if any(t.device != cache.device for t in (ckv, kv_norm_w) + ((gate,) if gate is not None else ())):
+        return "inputs on different devices"
+    return None
+
+
+def mla_append_attention_cuda(q_nope, q_pe, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b, seq_lens, scale,
+                              gate, out_dtype):
+    """CUDA implementation of k3fuse::mla_append_attention_: the append in qabsorb and the gate in combine (one
+    three-launch entry); where that variant does not apply, the op's reference (which calls rms_norm and
+    mla_attention through the dispatcher, so the attention still runs its kernel where it applies)."""
+    from .prefetch import join_pending
+    from .registry import _env_ok, log_fallback
+    from k3fuse import ops
+    reason = launch_ok(q_nope, q_pe, cache, kv_b, seq_lens) or append_ok(q_nope, ckv, kv_norm_w, norm_dtype, cache,
+                                                                          kv_b, gate, out_dtype)
+    if reason is None and not _env_ok(OP_APPEND, cache.device):
+        reason = ""                                # logged by _env_ok
+    if reason is not None:
+        if reason:
+            log_fallback(OP_APPEND, reason)
+        return ops.mla_append_attention_._init_fn(q_nope, q_pe, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b,
+                                                  seq_lens, scale, gate, out_dtype)
+    join_pending()
+    return mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, append=(ckv, kv_norm_w, float(kv_eps)),
+                         gate=gate, out_dtype=out_dtype)
+
+
+IMPLS = {OP: mla_attention_cuda, OP_APPEND: mla_append_attention_cuda}

@@ -14,7 +14,7 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
                                (KERNEL_APPLIES; else the lowering splits it), otherwise linear_group + the SiTU reference
   k3fuse::linear_group_router  the group (SiTU member or not) with the MoE router's rows as one more, fp32-output member,
                                where the simt kernel applies (KERNEL_APPLIES; else split), otherwise group + router_logits
-  k3fuse::linear_group_router_topk   that op + the router's top-k: in the group's last CTA with K3FUSE_TOPK_IN_GROUP=1
+  k3fuse::linear_group_router_topk   that op + the router's top-k: in the group's last CTA where its config has 256 threads
                                (opt-in; KERNEL_APPLIES is False without it, so the lowering splits the op back into
                                linear_group_router + topk_from_logits), otherwise those two
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel; under TP with
@@ -286,10 +286,18 @@ def linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linea
 
 # ------------------------------------------------------------------------------------ linear_group_router_topk
 def topk_in_group_enabled() -> bool:
-    """K3FUSE_TOPK_IN_GROUP=1 (opt-in, session 9: compiled in CI, NOT yet run on a GPU): linear_group_router_topk
-    takes the router's selection in the grouped GEMV's last CTA (one launch); otherwise the group and the top-k
-    kernel. Read at lowering (KERNEL_APPLIES) and at launch: fixed per process."""
-    return os.environ.get("K3FUSE_TOPK_IN_GROUP", "0") == "1"
+    """K3FUSE_TOPK_IN_GROUP (default 1 since session 10; =0: the group, then the top-k kernel, at every M):
+    linear_group_router_topk takes the router's selection in the grouped GEMV's last CTA (one launch) where the
+    group's config has TOPK_IN_GROUP_MIN_THREADS. Read at lowering (KERNEL_APPLIES) and at launch: fixed per
+    process."""
+    return os.environ.get("K3FUSE_TOPK_IN_GROUP", "1") != "0"
+
+
+# The last CTA selects with the group config's threads. Measured on the H200 (2026-12-01, session 10,
+# validate_pending.sh topk_in_group, layer A/B twice, TP16): at M = 1 (R4 W8, 256 threads, like the standalone
+# top-k kernel) the same kernel time per layer (KDA 93.0 / 94.7 vs 93.0 / 94.0 us) with one launch fewer; at M = 2
+# (R4 W2, 64 threads) the group grew by 37 us (KDA 127 -> 157 us of kernel time). So only from 256 threads.
+TOPK_IN_GROUP_MIN_THREADS = 256
 
 
 def _group_router_topk_cfg(x, weights, router_weight, bias, top_k, situ_member):
@@ -297,10 +305,13 @@ def _group_router_topk_cfg(x, weights, router_weight, bias, top_k, situ_member):
     from . import gemv
     from .router_topk import supports as topk_supports
     if not topk_in_group_enabled():
-        return None, "K3FUSE_TOPK_IN_GROUP is not 1 (the group, then the top-k kernel)"
+        return None, "K3FUSE_TOPK_IN_GROUP=0 (the group, then the top-k kernel)"
     cfg, why = _group_router_cfg(x, weights, router_weight, situ_member)
     if cfg is None:
         return None, why
+    if 32 * cfg.get("W", 0) < TOPK_IN_GROUP_MIN_THREADS:
+        return None, (f"the group's config has {32 * cfg.get('W', 0)} threads per CTA (the last-CTA selection "
+                      f"from {TOPK_IN_GROUP_MIN_THREADS})")
     j, E = len(weights), router_weight.shape[0]
     why = (gemv.group_topk_supports([w.shape[0] for w in weights] + [E], cfg, (j,), (j, top_k))
            or topk_supports(E, top_k) or (None if bias.numel() == E else f"bias of {bias.numel()} for {E} experts"))
@@ -309,9 +320,9 @@ def _group_router_topk_cfg(x, weights, router_weight, bias, top_k, situ_member):
 
 def _linear_group_router_topk_applies(x, weights, router_weight, bias, top_k, renormalize, scale, situ_member,
                                       beta, linear_beta) -> bool:
-    """Only with K3FUSE_TOPK_IN_GROUP=1 and where the kernel takes it; elsewhere the lowering splits the op into
-    linear_group_router + topk_from_logits (and those further where their kernels do not apply): by default the
-    lowered graph is the one without the pass."""
+    """Where the kernel takes it (the group's simt config with >= TOPK_IN_GROUP_MIN_THREADS: M = 1 on the H200) and
+    K3FUSE_TOPK_IN_GROUP is not 0; elsewhere the lowering splits the op into linear_group_router + topk_from_logits
+    (and those further where their kernels do not apply)."""
     return _group_router_topk_cfg(x, weights, router_weight, bias, top_k, situ_member)[0] is not None
 
 

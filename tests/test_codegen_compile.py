@@ -382,6 +382,10 @@ def test_plan_follows_runtime_choices():
     jobs3, _ = kernels_cli.plan("k3", 16, [1, 8, 16, 64], "sm_90a")
     got = {tuple(j["config"]["splits"]): j["config"]["buckets"] for j in jobs3 if j["family"] == "mla_attention"}
     assert got == {(16, 32): [1], (8, 8): [8, 16], (4, 4): [64]}  # one kernel per distinct split, buckets sharing it
+    # one head group (TP16): pass fuse_mla_append_and_gate's op, its append + gate variant; TP2's groups: the plain one
+    assert {j["op"] for j in jobs3 if j["family"] == "mla_attention"} == {"k3fuse::mla_append_attention_"}
+    assert {j["config"]["gate"] for j in jobs3 if j["family"] == "mla_attention"} == {True}
+    assert mla[0]["op"] == "k3fuse::mla_attention" and "append_eps" not in mla[0]["config"]
     E, D, KT = 896, 3584, 16
     jobs8, _ = kernels_cli.plan("k3", 8, [8], "sm_90a")
     moe8 = [j for j in jobs8 if j["family"] == "moe_experts"][0]

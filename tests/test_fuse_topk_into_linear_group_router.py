@@ -87,11 +87,10 @@ def test_router_pass_then_this_one_on_a_hand_graph():
 @pytest.mark.parametrize("M,pred,applies", [(1, "M <= 2", True), (8, "M <= 2", False), (1, "registry", False)])
 def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, pred, applies):
     """Where KERNEL_APPLIES says no, the lowering splits the op into exactly the two ops the pass consumed; with the
-    real predicate and K3FUSE_TOPK_IN_GROUP unset it always does (the default lowered graph is the one measured on the
-    H200 without the pass); same values either way."""
+    real predicate and K3FUSE_TOPK_IN_GROUP=0 it always does; same values either way."""
     from k3fuse import lowering
     from k3fuse.codegen import registry
-    monkeypatch.delenv("K3FUSE_TOPK_IN_GROUP", raising=False)
+    monkeypatch.setenv("K3FUSE_TOPK_IN_GROUP", "0")
     gm, ins = _graph(M)
     ref = gm(*ins)
     assert FuseTopkIntoLinearGroupRouter()(gm.graph, PassContext(expect_matches=False)) == 1
@@ -158,12 +157,13 @@ def test_cuda_impl_falls_back_off_gpu(monkeypatch, knob):
     ref = k3.linear_group_router_topk(x, [wa, wb], wr, bias, 4, True, 2.5, 1, 4.0, 25.0)
     assert [o.dtype for o in outs] == [bf, bf, torch.int64, torch.float32]
     assert all(torch.equal(o, r) for o, r in zip(outs, ref))
-    assert registry.topk_in_group_enabled() is (knob == "1")
+    assert registry.topk_in_group_enabled() is (knob != "0")
 
 
-def test_kernel_applies_only_with_the_knob(monkeypatch):
-    """By default the real predicate says no, so the lowering gives the graph without the pass (linear_group_router
-    + topk_from_logits, the GPU-measured kernels); with K3FUSE_TOPK_IN_GROUP=1 yes on the simt buckets (H200 table)."""
+def test_kernel_applies_from_256_threads_unless_the_knob_is_0(monkeypatch):
+    """The real predicate on the TP16 MoE group + router (H200 table): by default yes at M = 1 (R4 W8: 256 threads,
+    measured no slower per layer with one launch fewer) and no at M = 2 (W2: 64 threads, measured +30 us) and on the
+    mma buckets; with K3FUSE_TOPK_IN_GROUP=0 never (the group, then the top-k kernel)."""
     from k3fuse.codegen import registry, tuning
     bf = torch.bfloat16
     ws = [torch.empty(3584, 7168, dtype=bf), torch.empty(768, 7168, dtype=bf)]
@@ -172,6 +172,8 @@ def test_kernel_applies_only_with_the_knob(monkeypatch):
     applies = registry.KERNEL_APPLIES["linear_group_router_topk"]
     args = lambda M: (torch.empty(M, 7168, dtype=bf), ws, wr, bias, 16, True, 2.5, 1, 4.0, 25.0)
     monkeypatch.delenv("K3FUSE_TOPK_IN_GROUP", raising=False)
-    assert not applies(*args(1))
-    monkeypatch.setenv("K3FUSE_TOPK_IN_GROUP", "1")
-    assert applies(*args(1)) and applies(*args(2)) and not applies(*args(8))
+    assert applies(*args(1)) and not applies(*args(2)) and not applies(*args(8))
+    why = registry._group_router_topk_cfg(*args(2)[:5], 1)[1]
+    assert "64 threads" in why
+    monkeypatch.setenv("K3FUSE_TOPK_IN_GROUP", "0")
+    assert not applies(*args(1)) and not applies(*args(2))

@@ -436,9 +436,9 @@ def test_gemv_group_router_topk_matches_reference(M, cfg):
 @pytest.mark.parametrize("knob", ["0", "1"])
 @pytest.mark.parametrize("M", [1, 2, 8])
 def test_linear_group_router_topk_op_in_graph(M, knob, monkeypatch):
-    """k3fuse::linear_group_router_topk through its registered CUDA impl: with K3FUSE_TOPK_IN_GROUP=1 one launch at
-    the simt buckets; by default (and at M = 8) the group, then the top-k kernel; in a CUDA graph with poisoned
-    outputs."""
+    """k3fuse::linear_group_router_topk through its registered CUDA impl: one launch where the group's config has
+    256 threads (M = 1 on the H200); with K3FUSE_TOPK_IN_GROUP=0 (and at M = 2, 8) the group, then the top-k
+    kernel; in a CUDA graph with poisoned outputs."""
     from k3fuse import ops
     from k3fuse.codegen import registry
     registry.register()

@@ -216,8 +216,29 @@ def test_mla_fallback_on_cpu():
     args = _inputs(2, 6, 9, n=128, v=128, r=64, C=512, gen=g)
     assert ma.launch_ok(*args) is None                              # the kernel's shape, on CPU: still the reference
     assert torch.equal(ma.mla_attention_cuda(*args, SCALE), ops.mla_attention._init_fn(*args, SCALE))
-    assert set(ma.IMPLS) == {"k3fuse::mla_attention"}
+    assert set(ma.IMPLS) == {"k3fuse::mla_attention", "k3fuse::mla_append_attention_"}
     assert math.isclose(float(SCALE), 192 ** -0.5)
+
+
+def test_mla_append_fallback_on_cpu():
+    """mla_append_attention_cuda on CPU tensors: the op's reference (the cache written the same way), and
+    append_ok()'s reasons for what the variant does not take."""
+    from k3fuse import ops
+    g = torch.Generator().manual_seed(1)
+    bf = torch.bfloat16
+    qn, qp, cache, kv_b, sl = _inputs(2, 6, 9, n=128, v=128, r=64, C=512, gen=g)
+    ckv = torch.randn(2, 576, generator=g).to(bf)
+    nw = (torch.rand(512, generator=g) + 0.5).to(bf)
+    gate = torch.randn(2, 6 * 128, generator=g).to(bf)
+    c1, c2 = cache.clone(), cache.clone()
+    a = ma.mla_append_attention_cuda(qn, qp, ckv, nw, 1e-6, bf, c1, kv_b, sl, SCALE, gate, bf)
+    b = ops.mla_append_attention_._init_fn(qn, qp, ckv, nw, 1e-6, bf, c2, kv_b, sl, SCALE, gate, bf)
+    assert torch.equal(a, b) and a.dtype == bf and torch.equal(c1, c2) and not torch.equal(c1, cache)
+    assert ma.append_ok(qn, ckv, nw, bf, cache, kv_b, gate, bf) is None
+    assert "ckv" in ma.append_ok(qn, ckv[:, :512], nw, bf, cache, kv_b, gate, bf)
+    assert "dtypes" in ma.append_ok(qn, ckv, nw, torch.float32, cache, kv_b, gate, bf)
+    assert "gate" in ma.append_ok(qn, ckv, nw, bf, cache, kv_b, gate[:, :64], bf)
+    assert "out dtype" in ma.append_ok(qn, ckv, nw, bf, cache, kv_b, gate, torch.float16)
 
 
 def test_head_groups_above_max_heads(monkeypatch):
@@ -250,3 +271,32 @@ def test_head_groups_above_max_heads(monkeypatch):
     assert calls == [16, 16, 16]
     assert o.shape == (M, h, V) and o.is_contiguous()
     assert ((o.double() - ref.double()).norm() / ref.double().norm()).item() < 1e-6
+
+
+@pytest.mark.parametrize("arch,h,splits", [("sm_90a", 12, (16, 32)), ("sm_100a", 12, (8, 8)), ("sm_90a", 6, (8, 8))])
+def test_mla_append_gate_variant_compiles(arch, h, splits, isolated_kernel_cache):
+    """mla_append_attention_'s variant (pass fuse_mla_append_and_gate): qabsorb also loads the new token's ckv row
+    (C / 8 + r / 8 16-byte chunks over its C / 8 threads) and kv_norm_w, stores the row into the cache with 16-byte
+    stores; combine reads the gate and stores bf16; still three kernels, no local memory."""
+    pytest.importorskip("cutlass")
+    qs, vs = splits
+    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False, splits=splits, append_eps=1e-6, gate=True,
+                 out_dtype=torch.bfloat16)
+    ptx = open(k.files["kernel.ptx"]).read()
+    ks = entries(ptx)
+    assert set(ks) == {"qabsorb_kernel", "split_kernel", "combine_kernel"}, list(ks)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
+    st4 = r"st\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
+    # + ckv latent chunk, kv_norm_w chunk, the k_pe chunk
+    assert count(ks["qabsorb_kernel"], v4) == K3["n"] // qs + 3
+    # the qs partial (2 per thread) + the latent chunk and the k_pe chunk
+    assert count(ks["qabsorb_kernel"], st4) == 2 + 2
+    assert "rsqrt" in ks["qabsorb_kernel"]
+    assert count(ks["combine_kernel"], r"st\.global(?:\.[a-z0-9:_]+)*\.[bu]16\b") >= 1
+    assert count(ks["combine_kernel"], r"st\.global(?:\.[a-z0-9:_]+)*\.f32\b") == 0
+    src = open(k.files["kernel.py"]).read()
+    assert "EPS = 1e-06" in src and "ODT = BFloat16" in src
+    # the plain kernel renders without any of it
+    plain = ma.render_source(h, **K3, scale=SCALE, splits=splits)
+    assert "mCkv" not in plain and "mG" not in plain and "ODT = Float32" in plain

@@ -159,3 +159,76 @@ def test_mla_cuda_graph_replay(M, seed):
         g.replay()
         torch.cuda.synchronize()
         assert rel(o, reference(q_nope, q_pe, cache, kv_b, sl, SCALE)) < 1e-2
+
+
+APPEND_CASES = [(1, 4096, [4095]), (1, 2000, [1234]), (2, 64, [0, 63]), (3, 1000, [999, 5, 512]),
+                (8, 257, [256, 0, 1, 31, 32, 33, 200, 128])]
+
+
+@pytest.mark.parametrize("M,T,seq_lens", APPEND_CASES)
+@pytest.mark.parametrize("h,gated", [(12, True), (6, True), (12, False)])
+def test_mla_append_attention_matches_reference(M, T, seq_lens, h, gated, seed):
+    """k3fuse::mla_append_attention_ through its CUDA impl (pass fuse_mla_append_and_gate): the new rows written
+    at seq_lens (bf16 within one rounding of the reference's norm, every other row bitwise untouched, garbage
+    included), o (bf16 gated / fp32 ungated, NaN-poisoned by the allocator check below) within 1e-2 of the
+    op's reference on a clean copy of the cache."""
+    from k3fuse import ops
+    from k3fuse.codegen import mla_attention as ma
+    bf = torch.bfloat16
+    qn, qp, cache, kv_b, sl = inputs(M, h, T, seq_lens)
+    ckv = (torch.randn(M, C + R, device="cuda") * 3).to(bf)
+    nw = (torch.rand(C, device="cuda") + 0.5).to(bf)
+    gate = torch.randn(M, h * V, device="cuda").to(bf) if gated else None
+    odt = bf if gated else None
+    cache0 = cache.clone()
+    assert ma.launch_ok(qn, qp, cache, kv_b, sl) is None
+    assert ma.append_ok(qn, ckv, nw, bf, cache, kv_b, gate, odt) is None
+    out = torch.full((M, h, V), float("nan"), device="cuda", dtype=odt or torch.float32)
+    o = ma.mla_attention(qn, qp, cache, kv_b, sl, SCALE, out=out, append=(ckv, nw, 1e-6), gate=gate, out_dtype=odt)
+    torch.cuda.synchronize()
+    assert o is out and o.dtype == (odt or torch.float32)
+    rows = torch.arange(M, device="cuda")
+    want = torch.cat([ops._rms(ckv[:, :C], 1e-6).to(bf) * nw, ckv[:, C:]], -1)
+    got = cache[rows, sl]
+    assert rel(got, want) < 1e-2 and (got != want).float().mean() < 0.02      # rsqrt ulps flip a few roundings
+    untouched = torch.ones(M, T, dtype=torch.bool, device="cuda")
+    untouched[rows, sl] = False
+    assert torch.equal(cache[untouched].view(torch.int16), cache0[untouched].view(torch.int16))
+    # the reference on a clean copy with the kernel's row (so the comparison is the attention + gate alone)
+    clean = cache.clone()
+    for m in range(M):
+        clean[m, int(sl[m]) + 1:] = 0
+    ref = ops.mla_attention._init_fn(qn, qp, clean, kv_b, sl, SCALE)
+    if gated:
+        ref = ref * torch.sigmoid(gate.float().view(ref.shape))
+    assert rel(o, ref) < 1e-2
+
+
+def test_mla_append_attention_op_in_a_cuda_graph(seed):
+    """The op through the dispatcher (its registered CUDA impl), captured in a CUDA graph and replayed with new
+    ckv / seq_lens: each replay appends its row and matches the op's reference run on a copy."""
+    from k3fuse import ops
+    from k3fuse.codegen import registry
+    registry.register()
+    bf = torch.bfloat16
+    M, h, T = 2, 12, 300
+    qn, qp, cache, kv_b, sl = inputs(M, h, T, [10, 200])
+    cache[:, 201:] = 0
+    ckv = torch.randn(M, C + R, device="cuda").to(bf)
+    nw = (torch.rand(C, device="cuda") + 0.5).to(bf)
+    gate = torch.randn(M, h * V, device="cuda").to(bf)
+    call = lambda: torch.ops.k3fuse.mla_append_attention_(qn, qp, ckv, nw, 1e-6, bf, cache, kv_b, sl, SCALE, gate, bf)
+    call()                                                   # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = call()
+    for step in range(3):
+        sl.add_(1)
+        ckv.copy_(torch.randn(M, C + R, device="cuda").to(bf))
+        out.fill_(float("nan"))
+        ref_cache = cache.clone()
+        ref = ops.mla_append_attention_._init_fn(qn, qp, ckv, nw, 1e-6, bf, ref_cache, kv_b, sl, SCALE, gate, bf)
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel(out, ref) < 1e-2, step
+        assert rel(cache, ref_cache) < 1e-2 and rel(cache[torch.arange(M), sl], ref_cache[torch.arange(M), sl]) < 1e-2

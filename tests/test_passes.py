@@ -80,14 +80,15 @@ def test_canonicalize_ops(tiny_tp1):
     assert after == {"k3fuse.fused_residual_norm": 2 * L,
                      "k3fuse.linear": n_linear - 2 * L - n_grouped - n_kda - n_nl, "k3fuse.rms_norm_linear": n_nl,
                      "k3fuse.linear_group": n_kda + n_mla, "k3fuse.linear_group_router_topk": n_moe,
-                     "k3fuse.rms_norm": n_norm - 2 * L - n_kda - n_nl,
+                     "k3fuse.rms_norm": n_norm - 2 * L - n_kda - n_nl - n_mla,
                      "k3fuse.situ_glu": 1, "k3fuse.kda_decode_": n_kda,
-                     "k3fuse.mla_attention": n_mla, "k3fuse.moe_experts": n_moe}
+                     "k3fuse.mla_append_attention_": n_mla, "k3fuse.moe_experts": n_moe}
     assert matches(s)["fuse_kda_conv_gated_norm"] == n_kda
     assert matches(s)["fuse_situ_glu_into_linear_group"] == n_moe
     assert matches(s)["fuse_router_into_linear_group"] == n_moe
     assert matches(s)["fuse_topk_into_linear_group_router"] == n_moe
     assert matches(s)["write_kda_state_in_place"] == n_kda          # then writes its states in place
+    assert matches(s)["fuse_mla_append_and_gate"] == n_mla          # each MLA attention took its kv_a norm (above)
     assert err < 1e-4
 
 
@@ -177,7 +178,7 @@ def test_determinism_and_uuid(tmp_path):
     assert [p["uuid"] for p in s1["passes"]] == [p["uuid"] for p in s2["passes"]]
     da, db = sorted((tmp_path / "a").glob("graph_*"))[-1], sorted((tmp_path / "b").glob("graph_*"))[-1]
     fa = sorted(p.name for p in da.glob("*.py"))
-    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 22     # 11 passes x before / after
+    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 24     # 12 passes x before / after
     assert (da / fa[-1]).read_text() == (db / fa[-1]).read_text()
 
 
@@ -306,9 +307,10 @@ def test_k3_layout_match_counts():
     assert err < 1e-4
     assert matches(s)["fuse_attn_out_allreduce_attnres_norm"] == 186
     ops = s["ops"]
-    assert (ops["k3fuse.kda_decode_"], ops["k3fuse.mla_attention"], ops["k3fuse.moe_experts"]) == (69, 24, 92)
+    assert (ops["k3fuse.kda_decode_"], ops["k3fuse.mla_append_attention_"], ops["k3fuse.moe_experts"]) == (69, 24, 92)
     assert matches(s)["fuse_kda_conv_gated_norm"] == 69 and "k3fuse.kda_recurrent" not in ops
     assert matches(s)["write_kda_state_in_place"] == 69 and "k3fuse.kda_decode" not in ops
+    assert matches(s)["fuse_mla_append_and_gate"] == 24 and "k3fuse.mla_attention" not in ops
     assert ops["k3fuse.linear_group_router_topk"] == 92 and ops["k3fuse.fused_residual_norm"] == 186
     assert "k3fuse.router_topk" not in ops and "k3fuse.topk_from_logits" not in ops
     # one group of the normed input's linears per layer except the dense layer 0 (69 KDA of 6, 24 MLA of 3,
