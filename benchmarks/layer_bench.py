@@ -188,6 +188,7 @@ def main():
     ap.add_argument("--period", choices=("model", "layer"), default="model",
                     help="model: x -> next layer's x, as inside the model (default); layer: sessions 1-4's boundary")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)      # before the measurements: a missing folder lost session 10's call 5
     torch._dynamo.config.cache_size_limit = 64
     passes = None
     if args.without_passes:
