@@ -229,6 +229,9 @@ def test_passes_tp_numerics_and_matches(tp_compiled, tp):
         # the shared expert's gate_up + SiTU-GLU on a side stream, joined before the fused down_proj + all-reduce
         assert ops["k3fuse.side_linear_situ"] == 5 and ops["k3fuse.stream_join"] == 5
         assert ops["k3fuse.situ_glu"] == 1                                   # the dense layer 0 MLP
+        # each rank's MLA heads append to its own cache copy: the append + gate fusion fires per MLA layer
+        assert m["fuse_mla_append_and_gate"] == 2 and ops["k3fuse.mla_append_attention_"] == 2
+        assert "k3fuse.mla_attention" not in ops
         assert s["ops_before"]["_c10d_functional.all_reduce"] == 1 + 6 + 1 + 5 * 2
         # nodes the passes created carry fake values (the Inductor lowering traces from them)
         assert s["nodes_without_val"] == []
