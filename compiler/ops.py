@@ -370,7 +370,7 @@ def mla_append_attention_(q_nope: torch.Tensor, q_pe: torch.Tensor, ckv: torch.T
     cache[torch.arange(ckv.shape[0], device=cache.device), seq_lens] = row.to(cache.dtype)
     o = torch.ops.k3fuse.mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale)
     if gate is not None:
-        o = o * torch.sigmoid(gate.float().view(o.shape))
+        o = o * torch.sigmoid(gate.float().reshape(o.shape))
     return o if out_dtype is None else o.to(out_dtype)
 
 
