@@ -132,9 +132,9 @@ elif [ "$part" = s9final ]; then
     echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s9final.tgz" -C "$L" .
-# PENDING (written in session 9 after its device time ran out, never run on a GPU): K3FUSE_TOPK_IN_GROUP=1, the
-# router's top-k in the MoE group GEMV's last CTA (k3fuse::linear_group_router_topk). GPU tests, memcheck, the layer
-# A/B (knob 0 / 1, twice); make it the default only if the layer measures faster.
+# Session 10 call 1 (written in session 9): K3FUSE_TOPK_IN_GROUP, the router's top-k in the MoE group GEMV's last
+# CTA (k3fuse::linear_group_router_topk). GPU tests, memcheck, the layer A/B (knob 0 / 1, twice; then 1 fused at
+# every simt bucket, now only from 256 threads: M = 1). Kept at M = 1, RESULTS.md "Session 10".
 elif [ "$part" = topk_in_group ]; then
     pytests t_tests 200 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py \
         -k "group_router_topk or linear_group_router_topk_op or group_router_matches or router_topk_matches"

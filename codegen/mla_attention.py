@@ -329,11 +329,9 @@ def mla_append_attention_cuda(q_nope, q_pe, ckv, kv_norm_w, kv_eps, norm_dtype, 
     from k3fuse import ops
     reason = launch_ok(q_nope, q_pe, cache, kv_b, seq_lens) or append_ok(q_nope, ckv, kv_norm_w, norm_dtype, cache,
                                                                           kv_b, gate, out_dtype)
-    if reason is None and not _env_ok(OP_APPEND, cache.device):
-        reason = ""                                # logged by _env_ok
     if reason is not None:
-        if reason:
-            log_fallback(OP_APPEND, reason)
+        log_fallback(OP_APPEND, reason)
+    if reason is not None or not _env_ok(OP_APPEND, cache.device):      # _env_ok logs its own reason
         return ops.mla_append_attention_._init_fn(q_nope, q_pe, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b,
                                                   seq_lens, scale, gate, out_dtype)
     join_pending()

@@ -15,8 +15,8 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
   k3fuse::linear_group_router  the group (SiTU member or not) with the MoE router's rows as one more, fp32-output member,
                                where the simt kernel applies (KERNEL_APPLIES; else split), otherwise group + router_logits
   k3fuse::linear_group_router_topk   that op + the router's top-k: in the group's last CTA where its config has 256 threads
-                               (opt-in; KERNEL_APPLIES is False without it, so the lowering splits the op back into
-                               linear_group_router + topk_from_logits), otherwise those two
+                               (KERNEL_APPLIES; else, or with K3FUSE_TOPK_IN_GROUP=0, the lowering splits the op back
+                               into linear_group_router + topk_from_logits), otherwise those two
   k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel; under TP with
                                K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel all-reduce (mixnorm_allreduce.py)
   k3fuse::all_gather           with K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel gather (allgather_oneshot.py)

@@ -35,7 +35,7 @@ def _has_kernel(op: torch._ops.OpOverload, device: torch.device) -> bool:
 # op name -> predicate on the node's input values: does its generated kernel apply to this graph's shapes? Filled by
 # k3fuse.codegen.registry.register() for fused ops whose kernels cover only some shapes (the fused RMSNorm GEMV:
 # M <= 4; the grouped GEMV with a SiTU-GLU or router member: the simt buckets; the router's selection in the group:
-# only with K3FUSE_TOPK_IN_GROUP=1). Where it says no, the op is inlined like one
+# where the group's config has 256 threads). Where it says no, the op is inlined like one
 # without a kernel; its reference is written in the k3fuse ops it fuses, and those are lowered in turn.
 KERNEL_APPLIES: dict = {}
 

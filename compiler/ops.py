@@ -122,8 +122,8 @@ def linear_group_router_topk(x: torch.Tensor, weights: list[torch.Tensor], route
                              bias: torch.Tensor, top_k: int, renormalize: bool, scale: float, situ_member: int,
                              beta: float, linear_beta: float) -> list[torch.Tensor]:
     """linear_group_router's group outputs, then topk_from_logits of its logits: [*outs, ids, weights] (pass
-    `fuse_topk_into_linear_group_router`; on CUDA with K3FUSE_TOPK_IN_GROUP=1 the selection runs in the grouped
-    GEMV's last CTA). Written in k3fuse ops, so that where its kernel does not apply the lowering's inlined reference
+    `fuse_topk_into_linear_group_router`; on CUDA, where the group's config has 256 threads, the selection runs in
+    the grouped GEMV's last CTA). Written in k3fuse ops, so that where its kernel does not apply the lowering's inlined reference
     is the two ops."""
     outs = list(torch.ops.k3fuse.linear_group_router(x, weights, router_weight, situ_member, beta, linear_beta))
     ids, w = torch.ops.k3fuse.topk_from_logits(outs[-1], bias, top_k, renormalize, scale)

@@ -34,10 +34,13 @@ def _val(n):
     return n.meta.get("val") if isinstance(n, fx.Node) else None
 
 
-def _strip_views(n: fx.Node) -> fx.Node:
+def _strip_views(n: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+    """(the tensor under a chain of views, the view nodes passed)."""
+    views = []
     while isinstance(n, fx.Node) and n.target in _VIEWS:
+        views.append(n)
         n = n.args[0]
-    return n
+    return n, views
 
 
 def _is_arange(n, M) -> bool:
@@ -82,7 +85,7 @@ def _append_site(a: fx.Node):
     M, C, CR = qv.shape[0], kvb.shape[1], cv.shape[-1]
     if len(idx) != 2 or idx[1] is not sl or not _is_arange(idx[0], M):
         return "the index is not (arange(M), seq_lens)"
-    cat = _strip_views(row)
+    cat, views = _strip_views(row)
     if cat.target is not aten.cat.default or len(cat.args[0]) != 2 or (cat.args[1] if len(cat.args) > 1 else 0) \
             not in (1, -1):
         return "the row is not a cat of two parts on the last dim"
@@ -96,18 +99,8 @@ def _append_site(a: fx.Node):
         return "the row does not come from one [M, C + r] tensor"
     if not (_is_slice(lat, ckv, 0, C) and _val(lat).shape[-1] == C and _is_slice(kpe, ckv, C, CR)):
         return f"ckv is not split at C = {C}"
-    dead = [copies[0], new_cache, row] + [n for n in _chain(row, cat)] + [cat, norm, lat, kpe, idx[0]]
+    dead = [copies[0], new_cache] + views + [cat, norm, lat, kpe, idx[0]]
     return ckv, w, float(eps), ndt, cache, dead
-
-
-def _chain(top: fx.Node, bottom: fx.Node) -> list[fx.Node]:
-    """The view nodes strictly between top and bottom (top = view(...view(bottom)))."""
-    out, n = [], top
-    while n is not bottom:
-        n = n.args[0]
-        if n is not bottom:
-            out.append(n)
-    return out
 
 
 def _gate_site(a: fx.Node):

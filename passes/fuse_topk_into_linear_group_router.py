@@ -2,16 +2,16 @@
 part of that op, `k3fuse.linear_group_router_topk` (the router's selection in the grouped GEMV's last CTA).
 
 Why: the top-k kernel reads 3.5 KB and writes 128 bytes per token, yet took ~6 us in the KDA + MoE layer (TP16
-widths, M = 1, H200): its launch, its wait for the group before it and a DRAM round trip of the logits, not its 16
-rounds (a two-stage variant with 2 barriers instead of 17 ran the same, RESULTS.md session 9). In the group's last
-CTA the logits are in L2 and the launch goes.
+widths, M = 1, H200). In the group's last CTA the logits are in L2 and the launch goes. Measured (session 10): the
+selection itself is most of those 6 us (the group grew by 6.0 us), so the gain is the launch only, at the same
+kernel time.
 
 Where it fires in K3: per MoE layer at TP = 1 (92), after `fuse_router_into_linear_group`. Under TP > 1 the logits
-are all-gathered before the selection: no match, by design. The fused selection runs only with
-K3FUSE_TOPK_IN_GROUP=1 (opt-in: compiled in CI, not yet run on a GPU) and on the simt buckets; elsewhere, and by
-default, the lowering splits the op back into linear_group_router + topk_from_logits (compiler/lowering.py,
-KERNEL_APPLIES), so the graph after this pass is the same for every batch size, GPU and setting, and the lowered
-graph without the knob is the one without this pass. Runs before `insert_prefetch`, which reads the op's weights.
+are all-gathered before the selection: no match, by design. The fused selection runs where the group's simt config
+has 256 threads (M = 1 on the H200; with 64 threads at M = 2 it measured +30 us per layer); elsewhere, and with
+K3FUSE_TOPK_IN_GROUP=0, the lowering splits the op back into linear_group_router + topk_from_logits
+(compiler/lowering.py, KERNEL_APPLIES), so the graph after this pass is the same for every batch size, GPU and
+setting. Runs before `insert_prefetch`, which reads the op's weights.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ class FuseTopkIntoLinearGroupRouter(K3FusePass):
 
     def apply(self, graph: fx.Graph, ctx: PassContext) -> int:
         matches = 0
+        order = {n: i for i, n in enumerate(graph.nodes)}   # the rewrite below keeps every node's place
         for sel in list(graph.find_nodes(op="call_function", target=k3.topk_from_logits.default)):
             lg, bias, top_k, renorm, scale = sel.args
             if not (isinstance(lg, fx.Node) and lg.target is operator.getitem and len(lg.users) == 1):
@@ -37,7 +38,6 @@ class FuseTopkIntoLinearGroupRouter(K3FusePass):
             grp, j = lg.args
             if grp.target != k3.linear_group_router.default or j != len(grp.args[1]):
                 continue
-            order = {n: i for i, n in enumerate(graph.nodes)}
             if isinstance(bias, fx.Node) and order[bias] > order[grp]:
                 continue
             if not all(u.target is operator.getitem for u in sel.users):

@@ -402,7 +402,7 @@ def test_linear_group_router_op_and_graph_capture(M):
 @pytest.mark.parametrize("M,cfg", [(1, {"variant": "simt", "R": 4, "W": 8}), (2, {"variant": "simt", "R": 4, "W": 2}),
                                    (1, {"variant": "simt", "R": 2, "W": 4}), (2, {"variant": "simt", "R": 2, "W": 8})])
 def test_gemv_group_router_topk_matches_reference(M, cfg):
-    """The selection in the grouped GEMV's last CTA (K3FUSE_TOPK_IN_GROUP=1's kernel) on the TP16 MoE group + router:
+    """The selection in the grouped GEMV's last CTA (linear_group_router_topk's kernel) on the TP16 MoE group + router:
     poisoned outputs, replayed in a CUDA graph with fresh inputs (the arrival counter re-arms itself: 0 after every
     launch); the expert ids equal to the reference's on the kernel's own logits, the logits against fp64."""
     from k3fuse import ops

@@ -170,7 +170,7 @@ APPEND_CASES = [(1, 4096, [4095]), (1, 2000, [1234]), (2, 64, [0, 63]), (3, 1000
 def test_mla_append_attention_matches_reference(M, T, seq_lens, h, gated, seed):
     """k3fuse::mla_append_attention_ through its CUDA impl (pass fuse_mla_append_and_gate): the new rows written
     at seq_lens (bf16 within one rounding of the reference's norm, every other row bitwise untouched, garbage
-    included), o (bf16 gated / fp32 ungated, NaN-poisoned by the allocator check below) within 1e-2 of the
+    included), o (bf16 gated / fp32 ungated, NaN-poisoned before the launch) within 1e-2 of the
     op's reference on a clean copy of the cache."""
     from k3fuse import ops
     from k3fuse.codegen import mla_attention as ma
