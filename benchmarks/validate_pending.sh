@@ -10,6 +10,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s9final        # its memcheck + the layer table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh topk_in_group  # the top-k in the group (s10)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s10            # the MLA glue in its kernels
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11            # fused_residual_norm in one launch
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11t           # then the README table + model
 # The first four ran in session 8 (RESULTS.md "Session 8"), the pending ones in session 9. Logs go to /tmp/k3v, back as one
 # tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
@@ -160,7 +162,25 @@ elif [ "$part" = s10 ]; then
     tar czf "$OUT/logs_s10.tgz" -C "$L" .
     pytests a_runtime 150 tests/test_runtime_gpu.py       # the compiled model, one CUDA graph per bucket
     tar czf "$OUT/logs_s10.tgz" -C "$L" .
+# Session 11: fused_residual_norm in one launch at M = 1 (the projection, a grid barrier, the mix-norm): GPU tests,
+# memcheck, the layer A/B (K3FUSE_FRN_ONE_KERNEL=0 / 1, twice)
+elif [ "$part" = s11 ]; then
+    pytests o_tests 200 tests/test_kernels_gpu.py -k "fused_residual_norm or mix_norm_cluster or registry_ops"
+    memcheck o_sanitizer 120 tests/test_kernels_gpu.py -k "one_kernel and 768-2"
+    for r in 1 2; do
+        layer_arm "o0_$r" 1 K3FUSE_FRN_ONE_KERNEL=0
+        layer_arm "o1_$r" 1
+    done
+    tar czf "$OUT/logs_s11.tgz" -C "$L" .
+elif [ "$part" = s11t ]; then       # the README table (TP16, M = 1, 8, with Inductor), then the compiled model
+    timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --top 16 \
+        > "$L/lb.txt" 2>&1
+    echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
+    cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s11t.tgz" -C "$L" .
+    pytests o_runtime 190 tests/test_runtime_gpu.py       # the compiled model, one CUDA graph per bucket
+    tar czf "$OUT/logs_s11t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t)" >&2
     exit 2
 fi

@@ -1,6 +1,8 @@
 """Kernel family: k3fuse::fused_residual_norm (o_proj + [all-reduce] + AttnRes prefix update + mix + RMSNorm).
 
-Two launches on the current stream:
+At M = 1 without a group (one_kernel_reason() is None): ONE launch, templates/fused_residual_norm_onekernel.py.jinja
+(the projection, then a grid barrier, then the mix-norm of y in the same CTAs). Otherwise two launches on the
+current stream:
   1. the o_proj GEMV (family gemv; tuned per shape and bucket, or cuBLAS where the table says it is faster),
   2. the mix-norm kernel (templates/fused_residual_norm_mixnorm.py.jinja), a cluster of CTAs per batch row.
 The all-reduce (group_name != "") is not generated yet: at TP > 1 it runs as the functional collective between
@@ -142,6 +144,106 @@ def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_n
     return out, new_prefix
 
 
+# ------------------------------------------------------------------------------------------- one launch, M = 1
+ONE_TEMPLATE = "fused_residual_norm_onekernel.py.jinja"
+ONE_G = 128             # CTAs of the one-launch kernel: all resident at once (<= the SMs of an H100 / H200 / B200)
+ONE_W = 8               # warps per CTA
+ONE_ACC = 64            # floats per accumulator set (scores + Gram terms: 9 + 45 at 8 blocks)
+ONE_MAX_K = 1536        # measured at K = 384 / 768 (TP16), tested at 1536 (TP8); wider (TP <= 4) keeps two launches
+ONE_TIMEOUT_MS = 100     # a barrier this late (CTAs not co-resident) is an error, not a hang
+
+
+def one_spin_ns() -> int:
+    """K3FUSE_FRN_SPIN_NS (default 64): the barrier's sleep between polls. Read when a kernel is rendered."""
+    return int(os.environ.get("K3FUSE_FRN_SPIN_NS", "64"))
+
+
+def one_kernel_enabled() -> bool:
+    """K3FUSE_FRN_ONE_KERNEL (default 1): 0 keeps the GEMV + mix-norm kernel pair at M = 1 too."""
+    return os.environ.get("K3FUSE_FRN_ONE_KERNEL", "1") != "0"
+
+
+def one_kernel_reason(M: int, H: int, K: int, nb: int, has_norm: bool, group_name: str, sms: Optional[int]
+                      ) -> Optional[str]:
+    """None where the one-launch kernel applies (shapes only), else why the two launches run."""
+    if not one_kernel_enabled():
+        return "K3FUSE_FRN_ONE_KERNEL=0"
+    if M != 1:
+        return f"M = {M} (one launch at M = 1)"
+    if group_name:
+        return "an all-reduce between the GEMV and the mix-norm"
+    if not has_norm:
+        return "no RMSNorm (the final mix)"
+    if H % (ONE_G * ONE_W) or K % 8:
+        return f"H = {H} is not {ONE_G} CTAs x {ONE_W} warps x whole rows, or K = {K} not a multiple of 8"
+    if K > ONE_MAX_K:
+        return f"K = {K} > {ONE_MAX_K} (not measured: 128 CTAs stream the whole projection)"
+    if nb > MAX_BLOCKS:
+        return f"{nb} blocks > {MAX_BLOCKS}"
+    if sms is not None and sms < ONE_G:
+        return f"{sms} SMs < {ONE_G} CTAs (the grid barrier needs them all resident)"
+    return None
+
+
+def one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair) -> dict:
+    return dict(H=H, K=K, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), FP32_NORM=bool(fp32_norm),
+                MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)), WM_PAIR=bool(wm_pair), G=ONE_G,
+                W=ONE_W, RPW=H // (ONE_G * ONE_W), ITERS=-(-(K // 8) // 32), ACC=ONE_ACC, TIMEOUT_MS=ONE_TIMEOUT_MS,
+                SPIN_NS=one_spin_ns())
+
+
+def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_eps=1e-5, norm_eps=1e-5,
+              wm_pair=False, arch: Optional[str] = None, load: bool = True):
+    from .compile import compile_source, current_arch
+    arch = arch or current_arch()
+    memo = ("one", H, K, nb, bool(has_addend), bool(has_prefix), bool(fp32_norm), float(mix_eps), float(norm_eps),
+            bool(wm_pair), arch, load)
+    if memo in _built:
+        return _built[memo]
+    src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair))
+    meta = dict(family=FAMILY, op="k3fuse::fused_residual_norm", part="one_kernel", shape=dict(H=H, K=K, blocks=nb),
+                flags=dict(addend=has_addend, prefix=has_prefix, fp32_norm=fp32_norm, wm_pair=bool(wm_pair)),
+                template=ONE_TEMPLATE)
+    _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
+    return k
+
+
+_one_state: dict = {}
+
+
+def one_state(device):
+    """(accumulators fp32 [2 * ONE_ACC], counter int32 [2]: arrivals, barrier timeouts) of the device's one-launch
+    kernels. Shared by every such launch on the device: they must run one after another (one stream)."""
+    import torch
+    st = _one_state.get(device)
+    if st is None:
+        st = _one_state[device] = (torch.zeros(2 * ONE_ACC, dtype=torch.float32, device=device),
+                                   torch.zeros(2, dtype=torch.int32, device=device))
+    return st
+
+
+def _sms(device) -> int:
+    import torch
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def fused_residual_norm_one(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_norm, out=None,
+                            new_prefix=None, w_mix_scale=None):
+    """The one-launch kernel (caller checked launch_ok and one_kernel_reason). Returns (normed, new_prefix)."""
+    import torch
+    M, H = o.shape[0], w_o.shape[0]
+    pair = w_mix_scale is not None
+    k = build_one(H, o.shape[1], len(blocks), addend is not None, prefix is not None, fp32_norm, mix_eps, norm_eps,
+                  pair)
+    out = out if out is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
+    new_prefix = new_prefix if new_prefix is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
+    wm = [w_mix.view(H), w_mix_scale.view(H)] if pair else [
+        w_mix if (w_mix.dtype == torch.float32 and w_mix.is_contiguous()) else w_mix.float().contiguous()]
+    acc, ctr = one_state(o.device)
+    k(o, w_o, *[t for t in (addend, prefix) if t is not None], *blocks, *wm, norm_w, out, new_prefix, acc, ctr)
+    return out, new_prefix
+
+
 def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, group_name, fp32_norm,
                         out=None, new_prefix=None, addend_partial=False, w_mix_scale=None):
     """CUDA implementation of k3fuse::fused_residual_norm (same signature). Caller checked launch_ok().
@@ -150,6 +252,11 @@ def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, 
     import torch
     from . import gemv
     M = o.shape[0]
+    if one_kernel_reason(M, w_o.shape[0], w_o.shape[1], len(blocks), norm_w is not None, group_name,
+                         _sms(o.device)) is None and o.is_contiguous() and w_o.is_contiguous() \
+            and o.data_ptr() % 16 == 0 and w_o.data_ptr() % 16 == 0:
+        return fused_residual_norm_one(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_norm,
+                                       out, new_prefix, w_mix_scale)
     cfg, _ = gemv.route(w_o.shape[0], w_o.shape[1], M)
     if cfg is not None and o.is_contiguous() and w_o.is_contiguous() and o.data_ptr() % 16 == 0 \
             and w_o.data_ptr() % 16 == 0:

@@ -117,6 +117,48 @@ def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("K,nb,addend,prefix,pair", [(768, 2, False, True, True), (384, 8, True, True, True),
+                                                     (1536, 0, True, False, False)])
+def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pair, monkeypatch):
+    """The one-launch kernel (M = 1): its weight and x loads 128-bit, ITERS x (RPW + 1) of them, all before the PDL
+    trigger and after the wait; the column's sources loaded before the main loop; one fp32 reduction into the
+    accumulators, one release arrival, one acquire poll with a nanosleep, no local memory; 128 CTAs x 8 warps x 7 rows
+    = 7168."""
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    k = frn.build_one(7168, K, nb, addend, prefix, False, 1e-6, 1e-5, pair, arch=arch, load=False)
+    ptx = ptx_of(k)
+    v4 = [m.start() for m in re.finditer(r"ld\.global(?:\.[a-z0-9:_]+)*\.v4\.", ptx)]
+    iters = -(-(K // 8) // 32)
+    assert len(v4) == iters * (7 + 1) and "RPW = 7" in k.source and "G = 128" in k.source
+    wait, trig = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    first = min(m.start() for m in re.finditer(r"\b(?:ld|st|red|atom)\.", ptx[wait:])) + wait if wait >= 0 else -1
+    assert 0 <= wait < first and max(v4) < trig
+    scalar = [m.start() for m in re.finditer(r"ld\.global(?:\.nc)?\.[bu]16", ptx)]
+    assert len(scalar) == nb + addend + prefix + (2 if pair else 0) + 1 and max(scalar) < min(v4)
+    assert ptx.count("red.relaxed.gpu.global.add.f32") == 1 and ptx.count("red.release.gpu.global.add.s32") == 1
+    assert ptx.count("ld.acquire.gpu.global") == 1 and ptx.count("nanosleep") == 1
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_fused_residual_norm_one_kernel_reason():
+    """Where the one launch applies: M = 1, no all-reduce, a norm, 7168 outputs, <= 8 blocks, >= 128 SMs, knob on."""
+    assert frn.one_kernel_reason(1, 7168, 768, 2, True, "", 132) is None
+    assert frn.one_kernel_reason(1, 7168, 384, 8, True, "", None) is None
+    assert "M = 2" in frn.one_kernel_reason(2, 7168, 768, 2, True, "", 132)
+    assert "all-reduce" in frn.one_kernel_reason(1, 7168, 768, 2, True, "tp", 132)
+    assert "RMSNorm" in frn.one_kernel_reason(1, 7168, 768, 2, False, "", 132)
+    assert "H = 64" in frn.one_kernel_reason(1, 64, 32, 2, True, "", 132)
+    assert "9 blocks" in frn.one_kernel_reason(1, 7168, 768, 9, True, "", 132)
+    assert "114 SMs" in frn.one_kernel_reason(1, 7168, 768, 2, True, "", 114)
+    assert "K = 12288" in frn.one_kernel_reason(1, 7168, 12288, 2, True, "", 132)     # TP = 1's o_proj
+
+
+def test_fused_residual_norm_one_kernel_knob(monkeypatch):
+    monkeypatch.setenv("K3FUSE_FRN_ONE_KERNEL", "0")
+    assert "K3FUSE_FRN_ONE_KERNEL=0" in frn.one_kernel_reason(1, 7168, 768, 2, True, "", 132)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
 def test_prefetch_compiles_to_bulk_prefetch(arch):
     k = prefetch.build(arch=arch, load=False)
     assert "cp.async.bulk.prefetch.L2.global" in ptx_of(k)

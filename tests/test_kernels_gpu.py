@@ -84,6 +84,7 @@ def test_mix_norm_cluster_matches_reference(M, nb, addend, prefix, fp32, cl, mon
     from k3fuse.codegen import compile as kcompile
     from k3fuse.codegen import fused_residual_norm as frn
     monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", str(cl))
+    monkeypatch.setenv("K3FUSE_FRN_ONE_KERNEL", "0")     # M = 1 too: the GEMV + this kernel, not the one launch
     kcompile.clear_memo()
     frn._built.clear()
     H = 7168
@@ -108,6 +109,54 @@ def test_mix_norm_cluster_matches_reference(M, nb, addend, prefix, fp32, cl, mon
     finally:
         kcompile.clear_memo()
         frn._built.clear()
+
+
+@pytest.mark.parametrize("K,nb,addend,prefix,fp32,pair", [(768, 2, False, True, False, True),
+                                                          (384, 2, True, True, False, True),
+                                                          (768, 8, True, True, True, True),
+                                                          (384, 0, True, False, False, False),
+                                                          (1536, 5, False, True, True, False)])
+def test_fused_residual_norm_one_kernel(K, nb, addend, prefix, fp32, pair, monkeypatch):
+    """M = 1: the projection + grid barrier + mix-norm in one launch (the K3 o_proj / shared down shapes at TP16,
+    TP8). Five launches in a row (the accumulator sets alternate by epoch parity) on fresh inputs, then CUDA-graph
+    replays with poisoned outputs: normed against the reference (rel < 1e-2), no barrier timeout, the arrival counter
+    a multiple of the grid; the same answers as the two-launch path (K3FUSE_FRN_ONE_KERNEL=0)."""
+    from k3fuse import ops
+    from k3fuse.codegen import fused_residual_norm as frn
+    H = 7168
+    assert frn.one_kernel_reason(1, H, K, nb, True, "", torch.cuda.get_device_properties(0).multi_processor_count) \
+        is None
+    o, w_o, a, p, blocks_buf, blocks, w_mix, norm_w = frn_inputs(1, nb, addend, prefix, K=K)
+    wa, wb = (bf(H, scale=0.5) + 1, bf(H, scale=0.005)) if pair else (w_mix, None)
+    wref = wa.float() * wb.float() if pair else w_mix
+    out = torch.empty((1, H), device="cuda", dtype=torch.bfloat16)
+    newp = torch.empty((1, H), device="cuda", dtype=torch.bfloat16)
+    acc, ctr = frn.one_state(o.device)
+
+    def body():
+        frn.fused_residual_norm(o, w_o, a, p, blocks, wa, norm_w, 1e-6, 1e-5, "", fp32, out=out, new_prefix=newp,
+                                w_mix_scale=wb)
+
+    def refill():
+        for t in [o, blocks_buf] + [t for t in (a, p) if t is not None]:
+            t.copy_(torch.randn_like(t, dtype=torch.float32).to(torch.bfloat16))
+
+    def check():
+        rn, rp = ops.fused_residual_norm._init_fn(o, w_o, a, p, blocks, wref, norm_w, 1e-6, 1e-5, "", fp32)
+        assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
+        assert ctr[1].item() == 0 and ctr[0].item() % frn.ONE_G == 0
+    for _ in range(5):
+        refill()
+        out.fill_(float("nan"))
+        body()
+        torch.cuda.synchronize()
+        check()
+    assert any(key[0] == "one" for key in frn._built)
+    graph_replays_poisoned(body, refill, [out, newp], check)
+    one = out.clone()
+    monkeypatch.setenv("K3FUSE_FRN_ONE_KERNEL", "0")
+    body()
+    assert rel(one, out) < 1e-2
 
 
 @pytest.mark.parametrize("M", [1, 8, 64])
