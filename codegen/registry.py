@@ -17,7 +17,9 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
   k3fuse::linear_group_router_topk   that op + the router's top-k: in the group's last CTA where its config has 256 threads
                                (KERNEL_APPLIES; else, or with K3FUSE_TOPK_IN_GROUP=0, the lowering splits the op back
                                into linear_group_router + topk_from_logits), otherwise those two
-  k3fuse::fused_residual_norm  o_proj GEMV (or cuBLAS) + [functional all-reduce] + the mix-norm kernel; under TP with
+  k3fuse::fused_residual_norm  at M = 1 without an all-reduce one launch (the projection, a grid barrier, the mix-norm:
+                               fused_residual_norm.one_kernel_reason); else the o_proj GEMV (or cuBLAS) +
+                               [functional all-reduce] + the mix-norm kernel; under TP with
                                K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel all-reduce (mixnorm_allreduce.py)
   k3fuse::all_gather           with K3FUSE_INKERNEL_COLLECTIVES=1 the one-shot in-kernel gather (allgather_oneshot.py)
   k3fuse::topk_from_logits, router_logits, router_topk   unless K3FUSE_ROUTER_TOPK=0: the router top-k kernel
