@@ -146,7 +146,8 @@ def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_n
 
 # ------------------------------------------------------------------------------------------- one launch, M = 1
 ONE_TEMPLATE = "fused_residual_norm_onekernel.py.jinja"
-ONE_G = 128             # CTAs of the one-launch kernel: all resident at once (<= the SMs of an H100 / H200 / B200)
+ONE_G = 128             # CTAs of the one-launch kernel: all resident at once (<= the SMs of an H100 / H200 / B200);
+                        # a power of two (the barrier's wrap-safe bit arithmetic)
 ONE_W = 8               # warps per CTA
 ONE_ACC = 64            # floats per accumulator set (scores + Gram terms: 9 + 45 at 8 blocks)
 ONE_MAX_K = 1536        # measured at K = 384 / 768 (TP16), tested at 1536 (TP8); wider (TP <= 4) keeps two launches

@@ -138,6 +138,26 @@ def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pa
     assert ptx.count("red.relaxed.gpu.global.add.f32") == 1 and ptx.count("red.release.gpu.global.add.s32") == 1
     assert ptx.count("ld.acquire.gpu.global") == 1 and ptx.count("nanosleep") == 1
     assert "ld.local" not in ptx and "st.local" not in ptx
+    # the barrier's arithmetic: the base by a mask, the parity by a shift, no signed division of the counter
+    assert re.search(r"and\.b32\s+%r\d+, %r\d+, -128;", ptx) and not re.search(r"\b(?:div|rem)\.s32", ptx)
+
+
+def test_one_kernel_barrier_arithmetic_survives_the_counter_wrap():
+    """The template's epoch arithmetic on int32 (what the PTX computes), over launches across the 2^31 wrap: every
+    CTA of a launch, whatever count it reads (base .. base + G - 1), gets the same base; the target is the count
+    after the launch's G arrivals; parities alternate."""
+    G, log2g = frn.ONE_G, frn.ONE_G.bit_length() - 1
+    i32 = lambda v: (v + 2 ** 31) % 2 ** 32 - 2 ** 31          # two's complement wrap
+    pars = []
+    for launch in range(6):
+        first = 2 ** 31 - 3 * G + launch * G                   # launches 3.. start past the wrap
+        bases = {i32(i32(first + j) & -G) for j in (0, 1, G // 2, G - 1)}
+        assert len(bases) == 1
+        base = bases.pop()
+        target = i32(base + G)
+        assert i32(i32(first + G) - target) == 0 and i32(i32(first + G - 1) - target) < 0
+        pars.append(((base % 2 ** 32) >> log2g) & 1)           # shr.u32, then and 1
+    assert pars in ([0, 1, 0, 1, 0, 1], [1, 0, 1, 0, 1, 0])
 
 
 def test_fused_residual_norm_one_kernel_reason():
