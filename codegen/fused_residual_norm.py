@@ -223,6 +223,13 @@ def one_state(device):
     return st
 
 
+def one_kernel_errors(device) -> int:
+    """Barrier timeouts of the device's one-launch kernels so far (0 unless CTAs were not co-resident: their outputs
+    were wrong). Synchronizes the device."""
+    st = _one_state.get(device)
+    return 0 if st is None else int(st[1][1].item())
+
+
 def _sms(device) -> int:
     import torch
     return torch.cuda.get_device_properties(device).multi_processor_count
