@@ -214,7 +214,8 @@ _one_state: dict = {}
 
 def one_state(device):
     """(accumulators fp32 [2 * ONE_ACC], counter int32 [2]: arrivals, barrier timeouts) of the device's one-launch
-    kernels. Shared by every such launch on the device: they must run one after another (one stream)."""
+    kernels. Shared by every such launch on the device: they must run one after another (one stream). Other work
+    holding SMs only delays the barrier; where another tenant can hold SMs for long (MPS), K3FUSE_FRN_ONE_KERNEL=0."""
     import torch
     st = _one_state.get(device)
     if st is None:
