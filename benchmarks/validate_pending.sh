@@ -12,6 +12,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s10            # the MLA glue in its kernels
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11            # fused_residual_norm in one launch
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11t           # then the README table + model
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12            # session 11's unrun source + lean tail
 # The first four ran in session 8 (RESULTS.md "Session 8"), the pending ones in session 9. Logs go to /tmp/k3v, back as one
 # tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
@@ -180,7 +181,21 @@ elif [ "$part" = s11t ]; then       # the README table (TP16, M = 1, 8, with Ind
     tar czf "$OUT/logs_s11t.tgz" -C "$L" .
     pytests o_runtime 190 tests/test_runtime_gpu.py       # the compiled model, one CUDA graph per bucket
     tar czf "$OUT/logs_s11t.tgz" -C "$L" .
+# Next session: session 11's source after its device calls (wrap-safe barrier arithmetic) and the opt-in lean tail
+# (K3FUSE_FRN_LEAN_TAIL=1), the barrier's poll sleep: tests with both tails, memcheck, layer A/B twice
+elif [ "$part" = s12 ]; then
+    pytests l_tests 200 tests/test_kernels_gpu.py -k "one_kernel or fused_residual_norm_matches"
+    ( export K3FUSE_FRN_LEAN_TAIL=1
+      pytests l_tests_lean 200 tests/test_kernels_gpu.py -k "one_kernel"
+      memcheck l_sanitizer 120 tests/test_kernels_gpu.py -k "one_kernel and 768-2" )
+    for r in 1 2; do
+        layer_arm "l0_$r" 1
+        layer_arm "l1_$r" 1 K3FUSE_FRN_LEAN_TAIL=1
+    done
+    layer_arm "spin0" 1 K3FUSE_FRN_SPIN_NS=0
+    layer_arm "spin256" 1 K3FUSE_FRN_SPIN_NS=256
+    tar czf "$OUT/logs_s12.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12)" >&2
     exit 2
 fi

@@ -160,6 +160,23 @@ def test_one_kernel_barrier_arithmetic_survives_the_counter_wrap():
     assert pars in ([0, 1, 0, 1, 0, 1], [1, 0, 1, 0, 1, 0])
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+def test_fused_residual_norm_one_kernel_lean_tail_compiles(arch, monkeypatch):
+    """K3FUSE_FRN_LEAN_TAIL=1 (opt-in): the same kernel without the per-thread fence after the barrier, the new
+    prefix stored after the arrival; the default source has the fence and stores it before."""
+    frn._built.clear()
+    default = frn.build_one(7168, 768, 2, False, True, False, 1e-6, 1e-5, True, arch=arch, load=False)
+    monkeypatch.setenv("K3FUSE_FRN_LEAN_TAIL", "1")
+    lean = frn.build_one(7168, 768, 2, False, True, False, 1e-6, 1e-5, True, arch=arch, load=False)
+    frn._built.clear()
+    p0, p1 = ptx_of(default), ptx_of(lean)
+    assert "fence.acq_rel.gpu" in p0 and "fence.acq_rel.gpu" not in p1
+    st = lambda p: [m.start() for m in re.finditer(r"st\.global(?:\.[a-z0-9]+)*\.b16", p)]
+    arrive = lambda p: p.find("red.release.gpu.global.add.s32")
+    assert min(st(p0)) < arrive(p0) and min(st(p1)) > arrive(p1)
+    assert "ld.local" not in p1
+
+
 def test_fused_residual_norm_one_kernel_reason():
     """Where the one launch applies: M = 1, no all-reduce, a norm, 7168 outputs, <= 8 blocks, >= 128 SMs, knob on."""
     assert frn.one_kernel_reason(1, 7168, 768, 2, True, "", 132) is None
