@@ -11,6 +11,7 @@ one-shot in-kernel all-reduce goes (see the template's docstring).
 """
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
 
@@ -120,6 +121,14 @@ def launch_ok(o, w_o, addend, prefix, blocks, norm_w) -> Optional[str]:
     return None
 
 
+def _score_vectors(w_mix, w_mix_scale, H: int) -> list:
+    """The kernels' score-vector operands: both bf16 factors viewed [H] (pair_ok), or w_mix as a contiguous fp32 [H]."""
+    import torch
+    if w_mix_scale is not None:
+        return [w_mix.view(H), w_mix_scale.view(H)]
+    return [w_mix if (w_mix.dtype == torch.float32 and w_mix.is_contiguous()) else w_mix.float().contiguous()]
+
+
 def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_norm, out=None, new_prefix=None,
              w_mix_scale=None):
     """Launch the mix-norm kernel on y (the o_proj output, [M, H] bf16). Returns (normed, new_prefix).
@@ -133,11 +142,7 @@ def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_n
         out = torch.empty(M, H, dtype=torch.bfloat16 if norm_w is not None else torch.float32, device=y.device)
     if new_prefix is None:
         new_prefix = torch.empty(M, H, dtype=torch.bfloat16, device=y.device)
-    if pair:
-        wm = [w_mix.view(H), w_mix_scale.view(H)]
-    else:
-        wm = [w_mix if (w_mix.dtype == torch.float32 and w_mix.is_contiguous()) else w_mix.float().contiguous()]
-    args = [y] + [t for t in (addend, prefix) if t is not None] + list(blocks) + wm
+    args = [y] + [t for t in (addend, prefix) if t is not None] + list(blocks) + _score_vectors(w_mix, w_mix_scale, H)
     if norm_w is not None:
         args.append(norm_w)
     k(*args, out, new_prefix)
@@ -182,12 +187,13 @@ def one_kernel_reason(M: int, H: int, K: int, nb: int, has_norm: bool, group_nam
         return "an all-reduce between the GEMV and the mix-norm"
     if not has_norm:
         return "no RMSNorm (the final mix)"
+    why = supports(H, nb)
+    if why:
+        return why
     if H % (ONE_G * ONE_W) or K % 8:
         return f"H = {H} is not {ONE_G} CTAs x {ONE_W} warps x whole rows, or K = {K} not a multiple of 8"
     if K > ONE_MAX_K:
         return f"K = {K} > {ONE_MAX_K} (not measured: 128 CTAs stream the whole projection)"
-    if nb > MAX_BLOCKS:
-        return f"{nb} blocks > {MAX_BLOCKS}"
     if sms is not None and sms < ONE_G:
         return f"{sms} SMs < {ONE_G} CTAs (the grid barrier needs them all resident)"
     return None
@@ -238,7 +244,9 @@ def one_kernel_errors(device) -> int:
     return 0 if st is None else int(st[1][1].item())
 
 
+@functools.lru_cache(maxsize=None)
 def _sms(device) -> int:
+    """The device's SM count (asked once per device: fused_residual_norm calls this every launch)."""
     import torch
     return torch.cuda.get_device_properties(device).multi_processor_count
 
@@ -253,10 +261,9 @@ def fused_residual_norm_one(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_e
                   pair)
     out = out if out is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
     new_prefix = new_prefix if new_prefix is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
-    wm = [w_mix.view(H), w_mix_scale.view(H)] if pair else [
-        w_mix if (w_mix.dtype == torch.float32 and w_mix.is_contiguous()) else w_mix.float().contiguous()]
     acc, ctr = one_state(o.device)
-    k(o, w_o, *[t for t in (addend, prefix) if t is not None], *blocks, *wm, norm_w, out, new_prefix, acc, ctr)
+    k(o, w_o, *[t for t in (addend, prefix) if t is not None], *blocks, *_score_vectors(w_mix, w_mix_scale, H), norm_w,
+      out, new_prefix, acc, ctr)
     return out, new_prefix
 
 
@@ -268,14 +275,13 @@ def fused_residual_norm(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, 
     import torch
     from . import gemv
     M = o.shape[0]
-    if one_kernel_reason(M, w_o.shape[0], w_o.shape[1], len(blocks), norm_w is not None, group_name,
-                         _sms(o.device)) is None and o.is_contiguous() and w_o.is_contiguous() \
-            and o.data_ptr() % 16 == 0 and w_o.data_ptr() % 16 == 0:
+    gemv_ok = o.is_contiguous() and w_o.is_contiguous() and o.data_ptr() % 16 == 0 and w_o.data_ptr() % 16 == 0
+    if gemv_ok and one_kernel_reason(M, w_o.shape[0], w_o.shape[1], len(blocks), norm_w is not None, group_name,
+                                     _sms(o.device)) is None:
         return fused_residual_norm_one(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_norm,
                                        out, new_prefix, w_mix_scale)
     cfg, _ = gemv.route(w_o.shape[0], w_o.shape[1], M)
-    if cfg is not None and o.is_contiguous() and w_o.is_contiguous() and o.data_ptr() % 16 == 0 \
-            and w_o.data_ptr() % 16 == 0:
+    if cfg is not None and gemv_ok:
         y = gemv.linear(o, w_o, cfg)
     else:
         y = torch.nn.functional.linear(o, w_o)

@@ -147,6 +147,7 @@ def test_one_kernel_barrier_arithmetic_survives_the_counter_wrap():
     CTA of a launch, whatever count it reads (base .. base + G - 1), gets the same base; the target is the count
     after the launch's G arrivals; parities alternate."""
     G, log2g = frn.ONE_G, frn.ONE_G.bit_length() - 1
+    assert G & (G - 1) == 0             # the template's precondition: mask and shift stand for // and %
     i32 = lambda v: (v + 2 ** 31) % 2 ** 32 - 2 ** 31          # two's complement wrap
     pars = []
     for launch in range(6):

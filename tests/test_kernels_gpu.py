@@ -58,6 +58,12 @@ def frn_inputs(M, nb, addend, prefix, H=7168, K=1536):
     return o, w_o, a, p, blocks_buf, blocks, torch.randn(H, device="cuda") * 0.05, bf(H, scale=0.5) + 1
 
 
+def frn_refill(o, blocks_buf, a, p):
+    """The fused residual norm's activations (not its weights) refilled in place with fresh random values."""
+    for t in [o, blocks_buf] + [t for t in (a, p) if t is not None]:
+        t.copy_(torch.randn_like(t, dtype=torch.float32).to(torch.bfloat16))
+
+
 @pytest.mark.parametrize("M", [1, 8, 64])
 @pytest.mark.parametrize("nb,addend,prefix,fp32", [(3, False, True, False), (0, True, True, True),
                                                   (8, True, False, True)])
@@ -97,8 +103,7 @@ def test_mix_norm_cluster_matches_reference(M, nb, addend, prefix, fp32, cl, mon
                                     new_prefix=newp)
 
         def refill():
-            for t in [o, blocks_buf] + [t for t in (a, p) if t is not None]:
-                t.copy_(torch.randn_like(t, dtype=torch.float32).to(torch.bfloat16))
+            frn_refill(o, blocks_buf, a, p)
 
         def check():
             rn, rp = ops.fused_residual_norm._init_fn(o, w_o, a, p, blocks, w_mix, norm_w, 1e-5, 1e-5, "", fp32)
@@ -131,15 +136,14 @@ def test_fused_residual_norm_one_kernel(K, nb, addend, prefix, fp32, pair, monke
     wref = wa.float() * wb.float() if pair else w_mix
     out = torch.empty((1, H), device="cuda", dtype=torch.bfloat16)
     newp = torch.empty((1, H), device="cuda", dtype=torch.bfloat16)
-    acc, ctr = frn.one_state(o.device)
+    _, ctr = frn.one_state(o.device)
 
     def body():
         frn.fused_residual_norm(o, w_o, a, p, blocks, wa, norm_w, 1e-6, 1e-5, "", fp32, out=out, new_prefix=newp,
                                 w_mix_scale=wb)
 
     def refill():
-        for t in [o, blocks_buf] + [t for t in (a, p) if t is not None]:
-            t.copy_(torch.randn_like(t, dtype=torch.float32).to(torch.bfloat16))
+        frn_refill(o, blocks_buf, a, p)
 
     def check():
         rn, rp = ops.fused_residual_norm._init_fn(o, w_o, a, p, blocks, wref, norm_w, 1e-6, 1e-5, "", fp32)
