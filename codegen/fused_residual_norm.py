@@ -165,10 +165,11 @@ def one_spin_ns() -> int:
 
 
 def one_lean_tail() -> bool:
-    """K3FUSE_FRN_LEAN_TAIL=1 (opt-in; written after session 11's device time ran out, not measured): the barrier
-    tail without the per-thread gpu-scope fence and with the new prefix stored after the arrival (PERF_NOTES
-    "Session 11"). Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_FRN_LEAN_TAIL", "0") == "1"
+    """K3FUSE_FRN_LEAN_TAIL (default 1 since session 12): the barrier tail without the per-thread gpu-scope fence
+    (thread 0's acquire poll + the CTA barrier order the totals' loads, as in cooperative groups' grid sync) and with
+    the new prefix stored after the arrival. H200, TP16 M = 1: both one-launch kernels 0.3-0.4 us shorter
+    (RESULTS.md "Session 12"); 0 restores session 11's tail. Read when a kernel is rendered."""
+    return os.environ.get("K3FUSE_FRN_LEAN_TAIL", "1") != "0"
 
 
 def one_kernel_enabled() -> bool:
