@@ -58,7 +58,7 @@ def main():
             for sp, ns in [(sp, ns) for sp in cands for ns in kvs]:
                 key = f"{sp[0]}x{sp[1]}" + (f"/{ns}" if ns else "")
                 ns = ns or None
-                if ma.splits_ok(N, V, sp):
+                if ma.splits_ok(N, V, sp, C):
                     continue
                 try:
                     out.fill_(float("nan"))

@@ -13,6 +13,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11            # fused_residual_norm in one launch
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11t           # then the README table + model
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12            # session 11's unrun source + lean tail
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/)
 # The first four ran in session 8 (RESULTS.md "Session 8"), the pending ones in session 9. Logs go to /tmp/k3v, back as one
 # tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
@@ -195,7 +196,30 @@ elif [ "$part" = s12 ]; then
     layer_arm "spin0" 1 K3FUSE_FRN_SPIN_NS=0
     layer_arm "spin256" 1 K3FUSE_FRN_SPIN_NS=256
     tar czf "$OUT/logs_s12.tgz" -C "$L" .
+elif [ "$part" = s12m ]; then
+    # the MLA attention kernels: qabsorb split over W_UK's columns (no partials for the split kernel to add), the
+    # combine's merge weights read once into shared memory and its W_UV loads before the merge. Tests, memcheck, the
+    # (QS, VS) sweep, then the layer A/B against session 11's source (.ab_old/: the two files from git, uncommitted)
+    pytests m_tests 300 tests/test_mla_kernel_gpu.py
+    memcheck m_sanitizer 150 tests/test_mla_kernel_gpu.py -k "splits_match or append_attention_matches"
+    timeout 200 python3 benchmarks/mla_splits.py --out "$L" --heads 6 --ms 1,8 \
+        --splits 16x32,8x8,8x16,8x32,16x8,16x16,32x8,32x32,4x8 > "$L/ms6.txt" 2>&1
+    echo "mla_splits h6 rc=$?" | tee -a "$S"; sed -n '/^  h /,$p' "$L/ms6.txt" | tee -a "$S"
+    grep '"us"' "$L/ms6.txt" | cut -c1-90 | tee -a "$S"
+    mkdir -p "$L/h12"; timeout 120 python3 benchmarks/mla_splits.py --out "$L/h12" --heads 12 --ms 1,8 --splits 16x32,8x8,8x32,16x16 \
+        > "$L/ms12.txt" 2>&1
+    echo "mla_splits h12 rc=$?" | tee -a "$S"; grep '"us"' "$L/ms12.txt" | cut -c1-90 | tee -a "$S"
+    mkdir -p .ab_new/codegen .ab_new/templates
+    cp codegen/mla_attention.py .ab_new/codegen/; cp templates/mla_attention.py.jinja .ab_new/templates/
+    swap() { cp ".ab_$1/codegen/mla_attention.py" codegen/; cp ".ab_$1/templates/mla_attention.py.jinja" templates/; }
+    for r in 1 2; do
+        swap old; layer_arm "m0_$r" 1
+        swap new; layer_arm "m1_$r" 1
+    done
+    swap old; layer_arm "m0_8" 8
+    swap new; layer_arm "m1_8" 8
+    tar czf "$OUT/logs_s12m.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m)" >&2
     exit 2
 fi

@@ -38,7 +38,8 @@ DEFAULT_TT = 32         # tokens per shared-memory tile
 TILE_SIZES = (32, 64)
 MAX_HEADS = 16          # HP / HG * C / (THREADS / HG) fp32 accumulators per thread: 32 at h = 16, C = 512
 MIN_TILES_PER_SPLIT = 2
-# (QS, VS): qabsorb splits of W_UK's N rows, combine splits of W_UV's V rows (templates/mla_attention.py.jinja).
+# (QS, VS): qabsorb splits of W_UK's C columns (until session 12: of its N rows, with QS partials summed by the
+# split kernel), combine splits of W_UV's V rows (templates/mla_attention.py.jinja).
 # (1, 1) runs h CTAs per kernel: 21 + 19 us of the MLA layer's ~55 us of attention kernels at M = 1 (session 3).
 DEFAULT_SPLITS = (1, 1)
 # Per batch bucket, measured 2026-11-29 on the H200 (benchmarks/mla_splits.py --heads 6,12 --ms 1,8,64, context
@@ -74,13 +75,37 @@ def smem_bytes(h: int, r: int, C: int, tt: int = DEFAULT_TT) -> int:
     return hp * (C + r) * 4 + tt * (C + r + 8) * 2 + tt * hp * 4 + 3 * hp * 4
 
 
-def splits_ok(n: int, v: int, splits) -> Optional[str]:
+QABSORB_THREADS = 256
+MAX_SPLITS = 1024       # NS (KV splits per row) the combine's shared memory holds; n_splits() stays far below
+
+
+def splits_ok(n: int, v: int, splits, C: int) -> Optional[str]:
+    """None if (QS, VS) is valid for q_nope width n, v_head_dim v and latent width C: QS column splits of W_UK
+    (each CTA C / QS columns = CH 16-byte chunks over 256 threads in 256 / CH n-groups, each a whole number of the n
+    rows), VS row splits of W_UV (a multiple of 4 warps)."""
     qs, vs = splits
-    if qs < 1 or n % qs:
-        return f"qabsorb splits {qs} do not divide n={n}"
+    if qs < 1 or C % (8 * qs):
+        return f"qabsorb splits {qs} do not divide C / 8 = {C // 8} chunks"
+    ch = C // 8 // qs
+    cw = 8 * ch
+    if QABSORB_THREADS % ch or n % (QABSORB_THREADS // ch):
+        return f"qabsorb splits {qs}: {ch} chunks per CTA do not tile 256 threads over n={n} rows"
+    if not ((QABSORB_THREADS % cw == 0 and (QABSORB_THREADS // cw) & (QABSORB_THREADS // cw - 1) == 0)
+            or cw % QABSORB_THREADS == 0):
+        return f"qabsorb splits {qs}: {cw} columns per CTA (not a power-of-two share of 256 threads)"
     if vs < 1 or v % (4 * vs):
         return f"combine splits {vs}: v={v} is not a multiple of 4 (warps) x {vs}"
     return None
+
+
+def fit_splits(n: int, v: int, C: int, splits) -> tuple:
+    """splits, or (for a latent width the bucket's QS does not tile) the largest valid QS below it, then VS likewise."""
+    qs, vs = (int(x) for x in splits)
+    while qs > 1 and splits_ok(n, v, (qs, 1), C):
+        qs -= 1
+    while vs > 1 and splits_ok(n, v, (qs, vs), C):
+        vs -= 1
+    return qs, vs
 
 
 def supports(h: int, n: int, v: int, r: int, C: int, tt: int = DEFAULT_TT) -> Optional[str]:
@@ -109,7 +134,8 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
     return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HG=HG, HH=hp // HG,
                 CPT=C // (THREADS // HG), UNROLL_S=unroll, LDG=LOADS_IN_FLIGHT, SCALE=repr(float(scale)), QDT=_dtname(q_dtype),
-                QS=int(splits[0]), VS=int(splits[1]), APPEND=append_eps is not None,
+                QS=int(splits[0]), VS=int(splits[1]), HOIST3=v // int(splits[1]) <= 32, MAX_SPLITS=MAX_SPLITS,
+                APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype))
 
 
@@ -118,7 +144,7 @@ def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype=
                   gate: bool = False, out_dtype="float32") -> str:
     """append_eps: the mla_append_attention_ variant (the cache append in qabsorb, with kv_a_layernorm's eps);
     gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast)."""
-    why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits)
+    why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C)
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits, append_eps, gate,
@@ -245,16 +271,18 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     T = cache.shape[1]
     hp = padded_heads(h)
     dev = cache.device
-    splits = tuple(splits or splits_for(M))
+    splits = tuple(splits) if splits else fit_splits(n, v, C, splits_for(M))
     odt = out_dtype or torch.float32
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt)
     ns = n_split or n_splits(M, T, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()))
+    if not 1 <= ns <= MAX_SPLITS:
+        raise ValueError(f"{ns} KV splits (the combine kernel takes 1..{MAX_SPLITS})")
     f32 = torch.float32
     qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)
     sl = _prep(seq_lens, torch.int64)
-    qs = torch.empty(M, splits[0] * hp, C + r, dtype=f32, device=dev)     # QS partials of the scaled queries
+    qs = torch.empty(M, hp, C + r, dtype=f32, device=dev)                 # the scaled queries
     opart = torch.empty(M, ns, hp, C, dtype=f32, device=dev)
     ml = torch.empty(M, ns, hp, 2, dtype=f32, device=dev)
     if out is None:

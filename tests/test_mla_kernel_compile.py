@@ -29,6 +29,11 @@ def count(body, pat):
     return len(re.findall(pat, body))
 
 
+def qabsorb_rows_per_thread(qs, n=K3["n"], C=K3["C"]):
+    """W_UK rows per qabsorb thread: C / QS columns = CH 16-byte chunks, 256 / CH n-groups over the n rows."""
+    return n // (ma.QABSORB_THREADS // (C // 8 // qs))
+
+
 @pytest.mark.parametrize("arch,h", [("sm_90a", 12), ("sm_100a", 12), ("sm_90a", 6)])
 def test_mla_kernel_compiles(arch, h, isolated_kernel_cache):
     pytest.importorskip("cutlass")
@@ -40,8 +45,8 @@ def test_mla_kernel_compiles(arch, h, isolated_kernel_cache):
     assert set(ks) == {"qabsorb_kernel", "split_kernel", "combine_kernel"}, list(ks)
     assert "ld.local" not in ptx and "st.local" not in ptx
     v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"       # sm_100a prints v2.b64
-    # qabsorb: the n = 128 rows of W_UK[h], one 16-byte load each per thread
-    assert count(ks["qabsorb_kernel"], v4) == K3["n"]
+    # qabsorb (DEFAULT_SPLITS): RPT rows of W_UK[h] per thread, one 16-byte load each
+    assert count(ks["qabsorb_kernel"], v4) == qabsorb_rows_per_thread(ma.DEFAULT_SPLITS[0])
     # split: per tile TT * (C + r) / 8 / THREADS 16-byte cache loads per thread, + the scaled queries
     hp = ma.padded_heads(h)
     cr = K3["C"] + K3["r"]
@@ -54,11 +59,13 @@ def test_mla_kernel_compiles(arch, h, isolated_kernel_cache):
     assert count(ks["combine_kernel"], v4) >= K3["v"] // 4 * (K3["C"] // 256)
 
 
-@pytest.mark.parametrize("arch,h,splits", [("sm_90a", 6, (4, 8)), ("sm_100a", 12, (16, 32)), ("sm_90a", 12, (2, 1))])
+@pytest.mark.parametrize("arch,h,splits", [("sm_90a", 6, (4, 8)), ("sm_100a", 12, (16, 32)), ("sm_90a", 12, (2, 1)),
+                                           ("sm_90a", 6, (32, 8))])
 def test_mla_split_variants_compile(arch, h, splits, isolated_kernel_cache):
-    """QS qabsorb splits / VS combine splits (codegen/mla_attention.DEFAULT_SPLITS): each qabsorb CTA loads n / QS
-    rows of W_UK, the split kernel adds QS - 1 more partial loads of the scaled queries, each combine CTA V / VS rows;
-    no local memory."""
+    """QS qabsorb splits of W_UK's C columns / VS combine splits of W_UV's rows (mla_attention.SPLITS_BY_BUCKET):
+    each qabsorb thread loads its RPT rows of one 16-byte column chunk, the split kernel loads the scaled queries once
+    (no partials to add), each combine CTA V / VS rows; where V / VS <= 32 those W_UV loads come before the combine's
+    first barrier (under the merge); no local memory."""
     pytest.importorskip("cutlass")
     qs, vs = splits
     k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False, splits=splits)
@@ -66,16 +73,58 @@ def test_mla_split_variants_compile(arch, h, splits, isolated_kernel_cache):
     ks = entries(ptx)
     assert "ld.local" not in ptx and "st.local" not in ptx
     v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
-    assert count(ks["qabsorb_kernel"], v4) == K3["n"] // qs
+    assert count(ks["qabsorb_kernel"], v4) == qabsorb_rows_per_thread(qs)
     hp, cr = ma.padded_heads(h), K3["C"] + K3["r"]
     nld, nq = -(-ma.DEFAULT_TT * cr // 8 // ma.THREADS), -(-hp * cr // 4 // ma.THREADS)
-    assert count(ks["split_kernel"], v4) == nld + qs * nq
-    assert count(ks["combine_kernel"], v4) >= K3["v"] // vs // 4 * (K3["C"] // 256)
+    assert count(ks["split_kernel"], v4) == nld + nq
+    comb = ks["combine_kernel"]
+    rows = K3["v"] // vs // 4 * (K3["C"] // 256)
+    assert count(comb, v4) >= rows
+    if K3["v"] // vs <= 32:                                        # hoisted: every W_UV load before the first barrier
+        first_bar = min(i for i in (comb.find("bar.sync"), comb.find("barrier.sync")) if i >= 0)
+        assert count(comb[:first_bar], v4) == rows
     src = open(k.files["kernel.py"]).read()
     assert f"grid=[HP, M, QS]" in src and f"QS = {qs} " in src and f"VS = {vs} " in src
-    assert ma.splits_ok(128, 128, (3, 1)) and ma.splits_ok(128, 128, (1, 64)) and not ma.splits_ok(128, 128, (128, 32))
+    C = K3["C"]
+    assert ma.splits_ok(128, 128, (3, 1), C) and ma.splits_ok(128, 128, (1, 64), C)
+    assert ma.splits_ok(128, 128, (64, 1), C)                      # 1 chunk per CTA: 256 n-groups > 128 rows
+    assert not ma.splits_ok(128, 128, (32, 32), C) and not ma.splits_ok(128, 128, (1, 1), C)
+    assert ma.fit_splits(128, 128, 768, (16, 32)) == (12, 32)       # C = 768: 96 chunks, 16 does not divide them
     with pytest.raises(ValueError, match="splits"):
         ma.render_source(h, **K3, scale=SCALE, splits=(3, 1))
+
+
+def test_qabsorb_thread_mapping_covers_w_uk_once():
+    """The column-split qabsorb's index arithmetic (the template's CH / NG / RPT / PARTS / SPP / COLS_PT, restated):
+    for every valid QS, the 256 threads of the QS CTAs load each (n, 16-byte column chunk) of W_UK[h] exactly once,
+    and the final sum reads every n-group partial of every output column exactly once and writes each column once."""
+    T1 = ma.QABSORB_THREADS
+    for C in (256, 512, 1024):
+        for n in (64, 128):
+            valid = [qs for qs in range(1, 129) if ma.splits_ok(n, 128, (qs, 1), C) is None]
+            assert valid and all(C // 8 % qs == 0 for qs in valid)
+            for qs in valid:
+                ch_, cw = C // 8 // qs, 8 * (C // 8 // qs)
+                ng_, rpt = T1 // ch_, n // (T1 // ch_)
+                parts, cols_pt = max(1, T1 // cw), max(1, cw // T1)
+                spp = ng_ // parts
+                loads = {}
+                for z in range(qs):
+                    for t in range(T1):
+                        for i in range(rpt):
+                            key = (t // ch_ + ng_ * i, z * ch_ + t % ch_)
+                            loads[key] = loads.get(key, 0) + 1
+                assert loads == {(r, c): 1 for r in range(n) for c in range(C // 8)}, (C, n, qs)
+                reads, writes = {}, {}
+                for t in range(T1):
+                    for c in range(cols_pt):
+                        col, part = t // parts + c * (T1 // parts), t % parts
+                        for i in range(spp):
+                            reads[(i * parts + part, col)] = reads.get((i * parts + part, col), 0) + 1
+                        if part == 0:
+                            writes[col] = writes.get(col, 0) + 1
+                assert reads == {(g, c): 1 for g in range(ng_) for c in range(cw)}, (C, n, qs)
+                assert writes == {c: 1 for c in range(cw)} and parts & (parts - 1) == 0
 
 
 def test_mla_splits_per_bucket():
@@ -85,7 +134,7 @@ def test_mla_splits_per_bucket():
     assert [ma.splits_for(m) for m in (1, 2, 3, 8, 9, 33, 64)] == \
         [(16, 32), (8, 8), (8, 8), (8, 8), (8, 8), (4, 4), (4, 4)]
     assert ma.splits_for(65) == ma.DEFAULT_SPLITS
-    assert all(ma.splits_ok(K3["n"], K3["v"], s) is None for s in ma.SPLITS_BY_BUCKET.values())
+    assert all(ma.splits_ok(K3["n"], K3["v"], s, K3["C"]) is None for s in ma.SPLITS_BY_BUCKET.values())
 
 
 @pytest.mark.parametrize("arch", ARCHES)
@@ -289,9 +338,9 @@ def test_mla_append_gate_variant_compiles(arch, h, splits, isolated_kernel_cache
     v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
     st4 = r"st\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
     # + ckv latent chunk, kv_norm_w chunk, the k_pe chunk
-    assert count(ks["qabsorb_kernel"], v4) == K3["n"] // qs + 3
-    # the qs partial (2 per thread) + the latent chunk and the k_pe chunk
-    assert count(ks["qabsorb_kernel"], st4) == 2 + 2
+    assert count(ks["qabsorb_kernel"], v4) == qabsorb_rows_per_thread(qs) + 3
+    # the latent chunk and the k_pe chunk (the scaled queries are scalar stores, one per output column)
+    assert count(ks["qabsorb_kernel"], st4) == 2
     assert "rsqrt" in ks["qabsorb_kernel"]
     assert count(ks["combine_kernel"], r"st\.global(?:\.[a-z0-9:_]+)*\.[bu]16\b") >= 1
     assert count(ks["combine_kernel"], r"st\.global(?:\.[a-z0-9:_]+)*\.f32\b") == 0

@@ -110,10 +110,11 @@ def test_mla_cuda_impl_and_fallback(seed):
     assert torch.equal(ma.mla_attention_cuda(*small, SCALE), ops.mla_attention._init_fn(*small, SCALE))
 
 
-@pytest.mark.parametrize("splits", [(2, 2), (4, 8), (16, 32)])
+@pytest.mark.parametrize("splits", [(1, 1), (2, 2), (4, 8), (16, 32), (32, 8), (8, 32)])
 @pytest.mark.parametrize("M,T,seq_lens", [CASES[1], CASES[5], CASES[8]])
 def test_mla_splits_match_reference(splits, M, T, seq_lens, seed):
-    """QS qabsorb / VS combine splits (mla_attention.DEFAULT_SPLITS): the same answer as the reference."""
+    """QS qabsorb column splits / VS combine splits (mla_attention.SPLITS_BY_BUCKET), the W_UV loads hoisted (VS >=
+    4) or not: the same answer as the reference."""
     from k3fuse.codegen import mla_attention as ma
     args = inputs(M, 6, T, seq_lens)
     o = torch.full((M, 6, V), float("nan"), device="cuda")
