@@ -219,7 +219,22 @@ elif [ "$part" = s12m ]; then
     swap old; layer_arm "m0_8" 8
     swap new; layer_arm "m1_8" 8
     tar czf "$OUT/logs_s12m.tgz" -C "$L" .
+elif [ "$part" = s12t ]; then     # the selection's scores from shared memory, bucket 1's MLA 8x8: tests, e2e, table
+    pytests t_tests 150 tests/test_router_topk_gpu.py tests/test_kernels_gpu.py tests/test_mla_kernel_gpu.py \
+        -k "topk or router or splits_match or append_attention"
+    memcheck t_sanitizer 100 tests/test_router_topk_gpu.py -k "matches"
+    timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e rc=$?" | tee -a "$S"; tail -6 "$L/e2e.txt" | tee -a "$S"
+    timeout 300 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --top 16 \
+        > "$L/lb.txt" 2>&1
+    echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
+    cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s12t.tgz" -C "$L" .
+    timeout 75 python3 benchmarks/mla_splits.py --out "$L" --heads 6,12 --ms 2,8,16 --splits 8x8,32x8,16x8 \
+        > "$L/ms.txt" 2>&1
+    echo "mla_splits rc=$?" | tee -a "$S"; grep '"us"' "$L/ms.txt" | cut -c1-70 | tee -a "$S"
+    tar czf "$OUT/logs_s12t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t)" >&2
     exit 2
 fi

@@ -47,7 +47,10 @@ DEFAULT_SPLITS = (1, 1)
 #   M = 1:  16x32 22.7 / 28.2 us (1x1: 49.1 / 53.8)     M = 8: 8x8 25.4 / 31.7 (1x1: 48.2 / 53.2)
 #   M = 64: 4x4 130.3 / 177.7 (1x1: 148.6 / 183.1)
 # Buckets 2-4 and 16-32 were not measured: they take the neighbouring choice (8x8 is within 8% of the best at M = 1).
-SPLITS_BY_BUCKET = {1: (16, 32), 2: (8, 8), 4: (8, 8), 8: (8, 8), 16: (8, 8), 32: (4, 4), 64: (4, 4)}
+# Session 12 (2026-12-01, qabsorb over W_UK's columns, the combine's merge weights once; RESULTS.md "Session 12"),
+# context 1024, h = 6 / 12: M = 1 8x8 13.8 / 15.8 us (16x32 18.1 / 22.8, every other of 9 candidates >= 16.0 at
+# h = 6), so bucket 1 is 8x8 too; M = 8: 8x8 27.8 / 38.3, 32x8 23.3 at h = 6 (h = 12 not timed): left at 8x8.
+SPLITS_BY_BUCKET = {1: (8, 8), 2: (8, 8), 4: (8, 8), 8: (8, 8), 16: (8, 8), 32: (4, 4), 64: (4, 4)}
 
 
 def splits_for(M: int) -> tuple:

@@ -132,7 +132,7 @@ def test_mla_splits_per_bucket():
     entry is valid for K3's n = v = 128; past the last bucket the default."""
     from k3fuse.codegen import mla_attention as ma
     assert [ma.splits_for(m) for m in (1, 2, 3, 8, 9, 33, 64)] == \
-        [(16, 32), (8, 8), (8, 8), (8, 8), (8, 8), (4, 4), (4, 4)]
+        [(8, 8), (8, 8), (8, 8), (8, 8), (8, 8), (4, 4), (4, 4)]
     assert ma.splits_for(65) == ma.DEFAULT_SPLITS
     assert all(ma.splits_ok(K3["n"], K3["v"], s, K3["C"]) is None for s in ma.SPLITS_BY_BUCKET.values())
 

@@ -23,6 +23,8 @@ def test_router_topk_compiles(arch, E, k, renorm):
     assert "ld.local" not in ptx and "st.local" not in ptx          # candidates stay in registers
     assert len(re.findall(r"\bbar(?:rier)?\.sync", ptx)) == k + 1       # one per round, one before the output
     assert len(re.findall(r"\bredux\.sync\.max\.s32", ptx)) == 4 * k   # two for a warp's best, two for the block's
+    # each thread's logits and biases, once: the chosen experts' weights come from the scores in shared memory
+    assert len(re.findall(r"\bld\.global", ptx)) == 2 * -(-E // rt.threads_for(E))
     stores = re.findall(r"\bst\.global(?:\.[a-z0-9]+)*", ptx)
     assert sorted(stores) == ["st.global.b32", "st.global.b64"]       # weight (fp32) and id (int64), once each
 
