@@ -35,7 +35,7 @@ layer_arm() {   # layer_arm TAG MS [VAR=VALUE ...] [-- LAYER_BENCH_ARGS...]: one
     local tag=$1 ms=$2 envs=(); shift 2
     while [ $# -gt 0 ] && [ "$1" != -- ]; do envs+=("$1"); shift; done
     [ "$1" = -- ] && shift
-    env "${envs[@]}" timeout 80 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms "$ms" \
+    env "${envs[@]}" timeout 120 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms "$ms" \
         --skip inductor --top 16 --tag "_$tag" "$@" > "$L/lb_$tag.txt" 2>&1
     echo "layer $tag rc=$? $(grep -E "^(kda|mla) +16 +(${ms//,/|}) " "$L/lb_$tag.txt" | tr -s ' ' | tr '\n' '|')" \
         | tee -a "$S"
@@ -234,7 +234,12 @@ elif [ "$part" = s12t ]; then     # the selection's scores from shared memory, b
         > "$L/ms.txt" 2>&1
     echo "mla_splits rc=$?" | tee -a "$S"; grep '"us"' "$L/ms.txt" | cut -c1-70 | tee -a "$S"
     tar czf "$OUT/logs_s12t.tgz" -C "$L" .
+elif [ "$part" = s12h ]; then     # MLA splits per heads (h = 6: 32x8 at buckets 2-8): tests, the layer at M = 1, 2, 8
+    pytests h_tests 150 tests/test_mla_kernel_gpu.py
+    layer_arm "h_1" 1,2,8
+    layer_arm "h_2" 1,2,8
+    tar czf "$OUT/logs_s12h.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h)" >&2
     exit 2
 fi

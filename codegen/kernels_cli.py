@@ -251,7 +251,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
     else:
         by_splits: dict = {}                        # one kernel per (QS, VS) the requested buckets use
         for b in buckets:
-            by_splits.setdefault(mla_attention.fit_splits(n, v, C, mla_attention.splits_for(b)), []).append(b)
+            by_splits.setdefault(mla_attention.fit_splits(n, v, C, mla_attention.splits_for(b, h)), []).append(b)
         for (qs, vs), bs in by_splits.items():
             # one head group: pass fuse_mla_append_and_gate's op (the cache append + output gate variant); more:
             # its CUDA impl falls back to the plain kernel per group (the append runs once, in ATen)

@@ -49,15 +49,22 @@ DEFAULT_SPLITS = (1, 1)
 # Buckets 2-4 and 16-32 were not measured: they take the neighbouring choice (8x8 is within 8% of the best at M = 1).
 # Session 12 (2026-12-01, qabsorb over W_UK's columns, the combine's merge weights once; RESULTS.md "Session 12"),
 # context 1024, h = 6 / 12: M = 1 8x8 13.8 / 15.8 us (16x32 18.1 / 22.8, every other of 9 candidates >= 16.0 at
-# h = 6), so bucket 1 is 8x8 too; M = 8: 8x8 27.8 / 38.3, 32x8 23.3 at h = 6 (h = 12 not timed): left at 8x8.
+# h = 6), so bucket 1 is 8x8 too. M = 2 / 8 / 16 (8x8, 32x8, 16x8): h = 6 8x8 22.9 / 27.7 / 29.9, 32x8 20.5 / 23.1 /
+# 36.1; h = 12 8x8 33.2 / 38.6 / 44.6 is the best of the three. Hence SPLITS_BY_HEADS below.
 SPLITS_BY_BUCKET = {1: (8, 8), 2: (8, 8), 4: (8, 8), 8: (8, 8), 16: (8, 8), 32: (4, 4), 64: (4, 4)}
+# Per heads per rank where a bucket's best differs (h = 6 is K3 at TP16); bucket 4 was not timed (both neighbours
+# take 32x8).
+SPLITS_BY_HEADS = {6: {2: (32, 8), 4: (32, 8), 8: (32, 8)}}
 
 
-def splits_for(M: int) -> tuple:
-    """The (QS, VS) of batch M: its bucket's entry, DEFAULT_SPLITS past the last bucket."""
+def splits_for(M: int, h: Optional[int] = None) -> tuple:
+    """The (QS, VS) of batch M with h heads per rank: SPLITS_BY_HEADS[h]'s entry for M's bucket, else
+    SPLITS_BY_BUCKET's, DEFAULT_SPLITS past the last bucket."""
     from .buckets import bucket_for
     b = bucket_for(M)
-    return SPLITS_BY_BUCKET.get(b, DEFAULT_SPLITS) if b is not None else DEFAULT_SPLITS
+    if b is None:
+        return DEFAULT_SPLITS
+    return SPLITS_BY_HEADS.get(h, {}).get(b) or SPLITS_BY_BUCKET.get(b, DEFAULT_SPLITS)
 
 
 LOADS_IN_FLIGHT = 9     # 16-byte cache loads per thread per round (9 = a 32-token tile of 576-wide rows in one)
@@ -264,7 +271,7 @@ def _prep_q(t):
 def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None,
                   splits=None, append=None, gate=None, out_dtype=None):
     """Launch the kernels (caller checked launch_ok(), and append_ok() for append / gate). Returns o [M, h, v] fp32
-    (out_dtype if given). splits: (QS, VS), default splits_for(M). append: (ckv [M, C + r], kv_norm_w [C], eps): the
+    (out_dtype if given). splits: (QS, VS), default splits_for(M, h). append: (ckv [M, C + r], kv_norm_w [C], eps): the
     new token's row is written into the cache first (mla_append_attention_); gate [M, h * v]: o * sigmoid(gate)."""
     import torch
     M, h, n = q_nope.shape
@@ -274,7 +281,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     T = cache.shape[1]
     hp = padded_heads(h)
     dev = cache.device
-    splits = tuple(splits) if splits else fit_splits(n, v, C, splits_for(M))
+    splits = tuple(splits) if splits else fit_splits(n, v, C, splits_for(M, h))
     odt = out_dtype or torch.float32
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt)

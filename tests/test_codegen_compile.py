@@ -461,7 +461,7 @@ def test_plan_follows_runtime_choices():
     assert mla[0]["config"]["splits"] == [8, 8]                   # mla_attention.SPLITS_BY_BUCKET[8]
     jobs3, _ = kernels_cli.plan("k3", 16, [1, 8, 16, 64], "sm_90a")
     got = {tuple(j["config"]["splits"]): j["config"]["buckets"] for j in jobs3 if j["family"] == "mla_attention"}
-    assert got == {(8, 8): [1, 8, 16], (4, 4): [64]}               # one kernel per distinct split, buckets sharing it
+    assert got == {(8, 8): [1, 16], (32, 8): [8], (4, 4): [64]}   # one kernel per distinct split (h = 6 at TP16)
     # one head group (TP16): pass fuse_mla_append_and_gate's op, its append + gate variant; TP2's groups: the plain one
     assert {j["op"] for j in jobs3 if j["family"] == "mla_attention"} == {"k3fuse::mla_append_attention_"}
     assert {j["config"]["gate"] for j in jobs3 if j["family"] == "mla_attention"} == {True}
