@@ -239,7 +239,18 @@ elif [ "$part" = s12h ]; then     # MLA splits per heads (h = 6: 32x8 at buckets
     layer_arm "h_1" 1,2,8
     layer_arm "h_2" 1,2,8
     tar czf "$OUT/logs_s12h.tgz" -C "$L" .
+elif [ "$part" = s12k ]; then     # kda_decode at 1 / 2 / 4 lanes per S row (K3FUSE_KDA_LPR): tests, memcheck, KDA layer A/B
+    for lpr in 4 1; do
+        ( export K3FUSE_KDA_LPR=$lpr
+          pytests "k_tests_$lpr" 120 tests/test_kda_kernel_gpu.py -k "decode" )
+    done
+    ( export K3FUSE_KDA_LPR=4; memcheck k_sanitizer 90 tests/test_kda_kernel_gpu.py -k "decode_matches and not 64" )
+    i=0
+    for lpr in 2 4 1 2 4; do
+        i=$((i + 1)); layer_arm "k${lpr}_$i" 1 K3FUSE_KDA_LPR=$lpr -- --kinds kda
+    done
+    tar czf "$OUT/logs_s12k.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k)" >&2
     exit 2
 fi

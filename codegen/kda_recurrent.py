@@ -70,6 +70,13 @@ def fa_smem() -> bool:
     return os.environ.get("K3FUSE_KDA_FA_SMEM", "0") == "1"
 
 
+def decode_lpr() -> int:
+    """K3FUSE_KDA_LPR (default DEFAULT_LPR = 2): lanes per S row of the fused decode kernel, 1, 2 or 4 (128 / 256 /
+    512 threads per (token, head) at d = 128). Read when the kernel is built, like K3FUSE_PDL_CHAIN."""
+    v = os.environ.get("K3FUSE_KDA_LPR", "")
+    return int(v) if v else DEFAULT_LPR
+
+
 def supports_fused(d: int, kc: int, fk: int, f_dtype="bfloat16", lpr: int = DEFAULT_LPR) -> Optional[str]:
     why = supports(d, lpr)
     if why:
@@ -217,7 +224,7 @@ def launch_ok_decode(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt
     d = P // h
     kc = q_taps.shape[-1] if q_taps.dim() == 2 else 0
     fk = fa.shape[-1] if fa.dim() == 2 else 0
-    why = supports_fused(d, kc, fk, fa.dtype)
+    why = supports_fused(d, kc, fk, fa.dtype, decode_lpr())
     if why:
         return why
     ok = {torch.bfloat16, torch.float32}
@@ -256,7 +263,7 @@ def kda_decode(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias,
     R = M * h
     f32 = torch.float32
     fused = fused_params(q0, conv_state, q_taps, fa, go, eps, newest_tap_last, out_dtype)
-    kern = build(d, fa.dtype, b.dtype, float(lower_bound), fused=fused)
+    kern = build(d, fa.dtype, b.dtype, float(lower_bound), lpr=decode_lpr(), fused=fused)
     x = [_prep(t, (R, d)) for t in (q0, k0, v0)]
     cs = _prep(conv_state, tuple(conv_state.shape))
     taps = [_prep(t, tuple(t.shape), f32) for t in (q_taps, k_taps, v_taps)]

@@ -114,6 +114,24 @@ def test_kda_decode_kernel_compiles(arch, fused, capfd, tmp_path, monkeypatch):
     assert f"KC = {fused['kc']} " in open(k.files["kernel.py"]).read()
 
 
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("lpr", [1, 4])
+def test_kda_decode_lanes_per_row_knob_compiles(arch, lpr, monkeypatch):
+    """K3FUSE_KDA_LPR (decode_lpr()): the fused kernel at 1 or 4 lanes per S row (128 / 512 threads) keeps its S row
+    in 128-bit loads / stores (d / 4 / lpr chunks per lane) and no local memory; the knob reaches launch_ok_decode's
+    check and the built kernel."""
+    monkeypatch.delenv("K3FUSE_KDA_FA_SMEM", raising=False)
+    monkeypatch.setenv("K3FUSE_KDA_LPR", str(lpr))
+    assert kr.decode_lpr() == lpr
+    k = kr.build(128, "bfloat16", "bfloat16", -5.0, lpr=kr.decode_lpr(), arch=arch, load=False, fused=FUSED_K3)
+    ptx = open(k.files["kernel.ptx"]).read()
+    assert sum(map(is_128bit, ops(ptx, "st"))) == 128 // 4 // lpr
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert f"LPR = {lpr} " in open(k.files["kernel.py"]).read()
+    monkeypatch.delenv("K3FUSE_KDA_LPR")
+    assert kr.decode_lpr() == kr.DEFAULT_LPR
+
+
 def test_kda_decode_supports_and_fallback_on_cpu():
     """supports_fused says why; on CPU kda_decode_cuda is the reference (one log line)."""
     import torch
