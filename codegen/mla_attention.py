@@ -1,10 +1,10 @@
 """Kernel family: k3fuse::mla_attention (absorbed MLA decode attention over the latent cache, K3_MODEL.md section 5).
 
 One ENTRY, three launches on the current stream (templates/mla_attention.py.jinja):
-  1. qabsorb  q_lat = scale * W_UK[h]^T q_nope[h] (+ scale * q_pe) per (token, head)       -> scratch [M, HP, C + r]
+  1. qabsorb  q_lat = scale * W_UK[h]^T q_nope[h] (+ scale * q_pe) per (token, head, column split) -> [M, HP, C + r]
   2. split    one CTA per (token, split of T): each cache row [C + r] is read ONCE for ALL heads (the latent cache is
               shared by the heads, MQA-like), scores, fp32 online softmax, partial o_lat     -> scratch [M, NS, HP, C]
-  3. combine  one CTA per (token, head): log-sum-exp merge of the NS partials, then o = W_UV[h] o_lat -> o [M, h, v]
+  3. combine  one CTA per (token, head, row split): log-sum-exp merge of the NS partials, o = W_UV[h] o_lat -> [M, h, v]
 So the cache is read once per decode step (M * min(seq_len+1, T) * (C + r) * 2 bytes); kv_b is read twice (W_UK half
 by kernel 1, W_UV half by kernel 3, once per token row, L2-resident at 1.5 MB per rank at TP16).
 All dot products run on CUDA cores in fp32 (no tensor cores). Estimated (not measured) on H200 at h = 12, TT = 32:
@@ -12,14 +12,15 @@ per 32-token tile the score step takes ~4 K shared-memory wavefronts (each lane 
 broadcasts) against ~1.7 K cycles of FMAs, the PV step ~1.5 K cycles: ~3 us per tile per SM, so M = 8, T = 4096
 (1024 tiles) is ~20-25 us against an HBM floor of ~8 us (37.7 MB). The score step is the limit; an MMA version
 (mma.sync / wgmma with the heads as M and the cache tile as N) is the next step.
-Registers (ptxas, K3 h = 12): qabsorb 39 (sm_90a) / 47 (sm_100a), split 116 / 118, combine 46 / 46; no spills.
+Registers (ptxas, K3 h = 12, 8x8): qabsorb 32 (sm_90a / sm_100a), split 116 / 118, combine 64 / 68; no spills.
 TT = 64 compiles too but takes ~200 registers in the split kernel (one CTA per SM).
 
 Compile-time: h (and its padding HP), n, v, r, C, the q dtype, the scale, the tile TT (tokens per shared-memory tile),
 threads, and the arch. Runtime: M, T and NS (splits per row, chosen by n_splits() from M, T and the SM count; the
 scratch tensors carry it), so the kernel does not recompile per batch, cache length or split count.
 
-Validated on the H200 (2026-11-29, tests/test_mla_kernel_gpu.py); registered by registry.register() (IMPLS).
+Validated on the H200 (2026-11-29; session 12 column-split qabsorb and combine 2026-12-01, tests/test_mla_kernel_gpu.py);
+registered by registry.register() (IMPLS).
 """
 from __future__ import annotations
 
