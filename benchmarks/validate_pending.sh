@@ -13,7 +13,9 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11            # fused_residual_norm in one launch
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11t           # then the README table + model
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12            # session 11's unrun source + lean tail
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/)
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
+#       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,
+#       the same for templates/mla_attention.py.jinja; untracked, so the device copy carries it)
 # The first four ran in session 8 (RESULTS.md "Session 8"), the pending ones in session 9. Logs go to /tmp/k3v, back as one
 # tarball ($OUT takes at most 8 files); $OUT/summary.txt grows after every step, so a cut call still returns what ran.
 OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
