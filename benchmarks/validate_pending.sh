@@ -252,7 +252,14 @@ elif [ "$part" = s12k ]; then     # kda_decode at 1 / 2 / 4 lanes per S row (K3F
         i=$((i + 1)); layer_arm "k${lpr}_$i" 1 K3FUSE_KDA_LPR=$lpr -- --kinds kda
     done
     tar czf "$OUT/logs_s12k.tgz" -C "$L" .
+elif [ "$part" = s12r ]; then     # K3FUSE_TOPK_RANK=1 (threshold + ranks selection): tests, then the KDA layer A/B
+    ( export K3FUSE_TOPK_RANK=1
+      pytests r_tests 70 tests/test_router_topk_gpu.py tests/test_kernels_gpu.py -k "topk or router" )
+    layer_arm r1 1 K3FUSE_TOPK_RANK=1 -- --kinds kda
+    layer_arm r0 1 K3FUSE_TOPK_RANK=0 -- --kinds kda
+    layer_arm r1b 1 K3FUSE_TOPK_RANK=1 -- --kinds kda
+    tar czf "$OUT/logs_s12r.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r)" >&2
     exit 2
 fi

@@ -480,8 +480,9 @@ def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None, sit
         params["GF32"] = True
     if topk:        # likewise
         j, k, renorm, scale = topk
+        from .router_topk import rank_select
         params["TOPK"] = dict(J=j, E=Ns[j], K=k, RENORM=bool(renorm), SCALE=repr(float(scale)),
-                              VPT=-(-Ns[j] // (32 * cfg["W"])))
+                              VPT=-(-Ns[j] // (32 * cfg["W"])), **({"RANK": True} if rank_select() else {}))
     if cfg["variant"] == "mma":
         params["PRED_N"] = False     # per-member row predication (GPRED) instead
     return template, render(template, **params), cfg
@@ -494,7 +495,9 @@ def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optio
     situ = (tuple(situ[0]), float(situ[1]), float(situ[2])) if situ else None
     f32 = tuple(f32)
     topk = (int(topk[0]), int(topk[1]), bool(topk[2]), float(topk[3])) if topk else None
-    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, situ, f32, topk)
+    from .router_topk import rank_select
+    memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, situ, f32, topk,
+            bool(topk) and rank_select())
     k = _built.get(memo)
     if k is not None:
         return k

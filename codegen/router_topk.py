@@ -41,9 +41,17 @@ def threads_for(E: int) -> int:
     return min(1024, max(32, 32 * math.ceil(E / 4 / 32)))
 
 
+def rank_select() -> bool:
+    """K3FUSE_TOPK_RANK=1 (opt-in; written after session 12's device time ran out, not measured): the selection
+    (templates/_topk_select.jinja, here and in the MoE group's last CTA) by a threshold and ranks instead of k
+    sequential rounds of a block max (PERF_NOTES "Session 12"). Read when a kernel is rendered."""
+    return os.environ.get("K3FUSE_TOPK_RANK", "0") == "1"
+
+
 def template_params(E: int, k: int, renormalize: bool, scale: float) -> dict:
     t = threads_for(E)
-    return dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), THREADS=t, VPT=math.ceil(E / t))
+    return dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), THREADS=t, VPT=math.ceil(E / t),
+                **({"RANK": True} if rank_select() else {}))     # only when set: the default source is unchanged
 
 
 def render_source(E: int, k: int, renormalize: bool = True, scale: float = 1.0) -> str:
@@ -60,7 +68,7 @@ def build(E: int, k: int, renormalize: bool = True, scale: float = 1.0, arch: Op
           load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (E, k, bool(renormalize), float(scale), arch, load)
+    memo = (E, k, bool(renormalize), float(scale), arch, load, rank_select())
     if memo not in _built:
         meta = dict(family=FAMILY, op=OP, shape=dict(E=E, k=k), template=TEMPLATE,
                     config=dict(renormalize=bool(renormalize), scale=float(scale), threads=threads_for(E)))

@@ -81,3 +81,72 @@ def test_router_logits_and_topk_fallback_on_cpu():
     ids, wt = rt.router_topk_cuda(x, w, b, 4, True, 2.5)
     rids, rwt = ops.router_topk._init_fn(x, w, b, 4, True, 2.5)
     assert torch.equal(ids, rids) and torch.equal(wt, rwt)
+
+
+def _rank_select_model(keys, threads, k):
+    """templates/_topk_select.jinja's RANK path restated in Python (expert e = tid + j * threads, NW warps): each
+    warp's R-th best (key, lo) by R rounds, the threshold = the least of the warps' R-th keys, the candidates at or
+    above it, each placed at its rank; None where the kernel takes the rounds (more candidates than threads)."""
+    E = len(keys)
+    nw, vpt = threads // 32, -(-E // threads)
+    lo = lambda e: E - 1 - e
+    cand = {}
+    for w in range(nw):
+        mine = [(keys[t + j * threads], lo(t + j * threads)) for t in range(32 * w, 32 * w + 32) for j in range(vpt)
+                if t + j * threads < E]
+        mine.sort(reverse=True)
+        r = -(-k // nw)
+        cand[w] = mine[r - 1][0] if len(mine) >= r else float("-inf")
+    th = min(cand.values())
+    cands = [(keys[e], lo(e)) for e in range(E) if keys[e] >= th]
+    if len(cands) > threads:
+        return None
+    assert len(cands) >= k
+    out = [None] * k
+    for c in cands:
+        rank = sum(1 for u in cands if u > c)
+        if rank < k:
+            out[rank] = E - 1 - c[1]
+    return out
+
+
+@pytest.mark.parametrize("E,k", [(896, 16), (1000, 32), (8, 3), (200, 16)])
+def test_rank_selection_model_matches_the_rounds(E, k):
+    """K3FUSE_TOPK_RANK's algorithm (threshold + ranks) gives the rounds' answer (descending keys, the lower id among
+    equal keys) on random, tied and bias-skewed keys; flat keys exceed the candidate buffer and take the rounds."""
+    g = torch.Generator().manual_seed(E + k)
+    threads = rt.threads_for(E)
+    cases = [torch.rand(E, generator=g), torch.randn(E, generator=g).round() / 4,
+             torch.rand(E, generator=g) + (torch.arange(E) % 7 == 0) * 0.5, torch.zeros(E)]
+    took_rank = 0
+    for keys in cases:
+        ks = keys.tolist()
+        want = sorted(range(E), key=lambda e: (-ks[e], e))[:k]
+        got = _rank_select_model(ks, threads, k)
+        if got is not None:
+            took_rank += 1
+            assert got == want
+    assert _rank_select_model([0.0] * E, threads, k) is None or E <= threads
+    assert took_rank >= 2
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
+def test_rank_selection_compiles(arch, monkeypatch):
+    """K3FUSE_TOPK_RANK=1: the standalone top-k and the MoE group's last CTA render the threshold + rank path (two
+    ballots per expert slot, three barriers before the ranks) with the rounds kept as its fallback (k more
+    barriers), no local memory; the default renders without it."""
+    from k3fuse.codegen import gemv
+    plain = rt.render_source(896, 16, True, 2.5)
+    monkeypatch.setenv("K3FUSE_TOPK_RANK", "1")
+    assert rt.rank_select() and "sCHi" in rt.render_source(896, 16, True, 2.5) and "sCHi" not in plain
+    rt._built.clear()
+    ptx = open(rt.build(896, 16, True, 2.5, arch=arch, load=False).files["kernel.ptx"]).read()
+    rt._built.clear()
+    vpt = -(-896 // rt.threads_for(896))
+    assert ptx.count("vote.sync.ballot") == 2 * vpt and "ld.local" not in ptx
+    assert len(re.findall(r"\bbar(?:rier)?\.sync", ptx)) == 3 + 16 + 1
+    kern = gemv.build_group([3584, 768, 896], 7168, 1, {"variant": "simt", "R": 4, "W": 8}, arch=arch, load=False,
+                            situ=((1,), 4.0, 25.0), f32=(2,), topk=(2, 16, True, 2.5))
+    gptx = open(kern.files["kernel.ptx"]).read()
+    assert gptx.count("vote.sync.ballot") == 2 * vpt and "ld.local" not in gptx
+    assert "sCHi" in open(kern.files["kernel.py"]).read()
