@@ -42,16 +42,17 @@ def threads_for(E: int) -> int:
 
 
 def rank_select() -> bool:
-    """K3FUSE_TOPK_RANK=1 (opt-in; written after session 12's device time ran out, not measured): the selection
-    (templates/_topk_select.jinja, here and in the MoE group's last CTA) by a threshold and ranks instead of k
-    sequential rounds of a block max (PERF_NOTES "Session 12"). Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_TOPK_RANK", "0") == "1"
+    """K3FUSE_TOPK_RANK (default 1 since session 12): the selection (templates/_topk_select.jinja, here and in the
+    MoE group's last CTA) by a threshold and the ranks of the few candidates above it instead of k sequential rounds
+    of a block max; H200, KDA TP16 M = 1: the MoE group with the selection tail 26.1 -> 23.6 / 23.7 us (RESULTS.md
+    "Session 12", call 8). 0 renders the rounds only. Read when a kernel is rendered."""
+    return os.environ.get("K3FUSE_TOPK_RANK", "1") != "0"
 
 
 def template_params(E: int, k: int, renormalize: bool, scale: float) -> dict:
     t = threads_for(E)
     return dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), THREADS=t, VPT=math.ceil(E / t),
-                **({"RANK": True} if rank_select() else {}))     # only when set: the default source is unchanged
+                **({"RANK": True} if rank_select() else {}))     # only when set: =0 renders session 11's source
 
 
 def render_source(E: int, k: int, renormalize: bool = True, scale: float = 1.0) -> str:

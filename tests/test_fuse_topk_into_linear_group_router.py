@@ -114,11 +114,13 @@ def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, pred, a
 @pytest.mark.parametrize("Ns,bucket,cfg,k", [([3584, 768, 896], 1, {"variant": "simt", "R": 4, "W": 8}, 16),
                                              ([3584, 768, 896], 2, {"variant": "simt", "R": 4, "W": 2}, 16),
                                              ([48, 128, 8], 1, None, 3)])
-def test_last_cta_selection_compiles(arch, Ns, bucket, cfg, k):
+def test_last_cta_selection_compiles(arch, Ns, bucket, cfg, k, monkeypatch):
     """The grouped GEMV with the selection in its last CTA: one acq_rel arrival at gpu scope and one acquire fence,
     4 redux.sync per round and k + 1 barriers per row (the top-k kernel's), the ids as 64-bit stores, no local
-    memory; without TOPK the same group renders with none of it."""
+    memory; without TOPK the same group renders with none of it. The rounds only (K3FUSE_TOPK_RANK=0): the default
+    rank path is tests/test_router_topk_compile.py::test_rank_selection_compiles."""
     from k3fuse.codegen import gemv
+    monkeypatch.setenv("K3FUSE_TOPK_RANK", "0")
     situ, j = ((1,), 4.0, 25.0), len(Ns) - 1
     plain = gemv.render_group_source(Ns, 7168 if Ns[0] > 100 else 64, bucket, cfg, situ, (j,))[1]
     assert "mCtr" not in plain and "atomic_add" not in plain

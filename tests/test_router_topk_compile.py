@@ -16,7 +16,9 @@ pytestmark = pytest.mark.usefixtures("isolated_kernel_cache")
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 @pytest.mark.parametrize("E,k,renorm", [(896, 16, True), (8, 3, False), (1000, 32, True)])
-def test_router_topk_compiles(arch, E, k, renorm):
+def test_router_topk_compiles(arch, E, k, renorm, monkeypatch):
+    """The k rounds (K3FUSE_TOPK_RANK=0; with the default rank path they are its fallback)."""
+    monkeypatch.setenv("K3FUSE_TOPK_RANK", "0")
     kern = rt.build(E, k, renorm, 2.5, arch=arch, load=False)
     ptx = open(kern.files["kernel.ptx"]).read()
     assert f".target {arch}" in ptx
@@ -132,12 +134,13 @@ def test_rank_selection_model_matches_the_rounds(E, k):
 
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_100a"])
 def test_rank_selection_compiles(arch, monkeypatch):
-    """K3FUSE_TOPK_RANK=1: the standalone top-k and the MoE group's last CTA render the threshold + rank path (two
-    ballots per expert slot, three barriers before the ranks) with the rounds kept as its fallback (k more
-    barriers), no local memory; the default renders without it."""
+    """The default (K3FUSE_TOPK_RANK unset): the standalone top-k and the MoE group's last CTA render the threshold +
+    rank path (two ballots per expert slot, three barriers before the ranks) with the rounds kept as its fallback
+    (k more barriers), no local memory; K3FUSE_TOPK_RANK=0 renders without it."""
     from k3fuse.codegen import gemv
+    monkeypatch.setenv("K3FUSE_TOPK_RANK", "0")
     plain = rt.render_source(896, 16, True, 2.5)
-    monkeypatch.setenv("K3FUSE_TOPK_RANK", "1")
+    monkeypatch.delenv("K3FUSE_TOPK_RANK")
     assert rt.rank_select() and "sCHi" in rt.render_source(896, 16, True, 2.5) and "sCHi" not in plain
     rt._built.clear()
     ptx = open(rt.build(896, 16, True, 2.5, arch=arch, load=False).files["kernel.ptx"]).read()
