@@ -204,7 +204,7 @@ def one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, w
     return dict(H=H, K=K, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), FP32_NORM=bool(fp32_norm),
                 MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)), WM_PAIR=bool(wm_pair), G=ONE_G,
                 W=ONE_W, RPW=H // (ONE_G * ONE_W), ITERS=-(-(K // 8) // 32), ACC=ONE_ACC, TIMEOUT_MS=ONE_TIMEOUT_MS,
-                SPIN_NS=one_spin_ns(), **({"LEAN": True} if one_lean_tail() else {}))
+                SPIN_NS=one_spin_ns(), LEAN=one_lean_tail())
 
 
 def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_eps=1e-5, norm_eps=1e-5,

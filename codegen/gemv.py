@@ -482,7 +482,7 @@ def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None, sit
         j, k, renorm, scale = topk
         from .router_topk import rank_select
         params["TOPK"] = dict(J=j, E=Ns[j], K=k, RENORM=bool(renorm), SCALE=repr(float(scale)),
-                              VPT=-(-Ns[j] // (32 * cfg["W"])), **({"RANK": True} if rank_select() else {}))
+                              VPT=-(-Ns[j] // (32 * cfg["W"])), RANK=rank_select())
     if cfg["variant"] == "mma":
         params["PRED_N"] = False     # per-member row predication (GPRED) instead
     return template, render(template, **params), cfg

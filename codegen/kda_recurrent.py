@@ -72,7 +72,8 @@ def fa_smem() -> bool:
 
 def decode_lpr() -> int:
     """K3FUSE_KDA_LPR (default DEFAULT_LPR = 2): lanes per S row of the fused decode kernel, 1, 2 or 4 (128 / 256 /
-    512 threads per (token, head) at d = 128). Read when the kernel is built, like K3FUSE_PDL_CHAIN."""
+    512 threads per (token, head) at d = 128). Read at every launch (launch_ok_decode and kda_decode: one
+    environment lookup); each value's kernel is built once."""
     v = os.environ.get("K3FUSE_KDA_LPR", "")
     return int(v) if v else DEFAULT_LPR
 

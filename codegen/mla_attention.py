@@ -145,7 +145,8 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
     return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HG=HG, HH=hp // HG,
                 CPT=C // (THREADS // HG), UNROLL_S=unroll, LDG=LOADS_IN_FLIGHT, SCALE=repr(float(scale)), QDT=_dtname(q_dtype),
-                QS=int(splits[0]), VS=int(splits[1]), HOIST3=v // int(splits[1]) <= 32, MAX_SPLITS=MAX_SPLITS,
+                QS=int(splits[0]), VS=int(splits[1]), NT1=QABSORB_THREADS, HOIST3=v // int(splits[1]) <= 32,
+                MAX_SPLITS=MAX_SPLITS,
                 APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype))
 

@@ -52,7 +52,7 @@ def rank_select() -> bool:
 def template_params(E: int, k: int, renormalize: bool, scale: float) -> dict:
     t = threads_for(E)
     return dict(E=E, K=k, RENORM=bool(renormalize), SCALE=repr(float(scale)), THREADS=t, VPT=math.ceil(E / t),
-                **({"RANK": True} if rank_select() else {}))     # only when set: =0 renders session 11's source
+                RANK=rank_select())
 
 
 def render_source(E: int, k: int, renormalize: bool = True, scale: float = 1.0) -> str:
