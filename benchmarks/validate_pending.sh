@@ -13,7 +13,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11            # fused_residual_norm in one launch
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11t           # then the README table + model
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12            # session 11's unrun source + lean tail
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13            # session 12's unrun memcheck + table
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13            # session 12's unrun memcheck, router first A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13t           # the README table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
 #       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,
 #       the same for templates/mla_attention.py.jinja; untracked, so the device copy carries it)
@@ -260,14 +261,20 @@ elif [ "$part" = s12r ]; then     # K3FUSE_TOPK_RANK=1 (threshold + ranks select
     layer_arm r0 1 K3FUSE_TOPK_RANK=0 -- --kinds kda
     layer_arm r1b 1 K3FUSE_TOPK_RANK=1 -- --kinds kda
     tar czf "$OUT/logs_s12r.tgz" -C "$L" .
-elif [ "$part" = s13 ]; then      # session 12's unrun checks: memcheck of the rank selection (default), the README table
+elif [ "$part" = s13 ]; then      # session 12's unrun memcheck of the rank selection; the router member first (A/B)
     memcheck s_sanitizer 150 tests/test_router_topk_gpu.py tests/test_kernels_gpu.py -k "topk and not graph"
     pytests s_tests 250 tests/test_router_topk_gpu.py tests/test_kernels_gpu.py tests/test_moe_kernel_gpu.py
-    timeout 300 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --top 16 > "$L/lb.txt" 2>&1
+    for r in 1 2; do
+        layer_arm rf1_$r 1
+        layer_arm rf0_$r 1 K3FUSE_ROUTER_FIRST=0
+    done
+    tar czf "$OUT/logs_s13.tgz" -C "$L" .
+elif [ "$part" = s13t ]; then     # the README table (TP16 M = 1, 8, Inductor included)
+    timeout 400 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --top 16 > "$L/lb.txt" 2>&1
     echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
-    tar czf "$OUT/logs_s13.tgz" -C "$L" .
+    tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13t)" >&2
     exit 2
 fi

@@ -297,6 +297,14 @@ def topk_in_group_enabled() -> bool:
     return os.environ.get("K3FUSE_TOPK_IN_GROUP", "1") != "0"
 
 
+def router_first() -> bool:
+    """K3FUSE_ROUTER_FIRST (default 1; =0: the router member last, as before session 13): linear_group_router_topk
+    launches the router as the group's first member. Only the router's CTAs count in for the selection, so with
+    its CTAs first in the grid (dispatched in the first wave) the selection runs while the other members' CTAs
+    still stream their weights, instead of after the whole grid. Read at every launch."""
+    return os.environ.get("K3FUSE_ROUTER_FIRST", "1") != "0"
+
+
 # The last CTA selects with the group config's threads. Measured on the H200 (2026-12-01, session 10,
 # validate_pending.sh topk_in_group, layer A/B twice, TP16): at M = 1 (R4 W8, 256 threads, like the standalone
 # top-k kernel) the same kernel time per layer (KDA 93.0 / 94.7 vs 93.0 / 94.0 us) with one launch fewer; at M = 2
@@ -349,11 +357,15 @@ def linear_group_router_topk_cuda(x, weights, router_weight, bias, top_k, renorm
         # the dispatcher picks the top-k kernel, or its reference under K3FUSE_ROUTER_TOPK=0
         return outs[:-1] + list(torch.ops.k3fuse.topk_from_logits(outs[-1], bias, top_k, renormalize, scale))
     join_pending()
-    situ = ((situ_member,), beta, linear_beta) if situ_member >= 0 else None
-    j = len(weights)
+    n = len(weights)
+    first = router_first()
+    j, off = (0, 1) if first else (n, 0)      # the router member's index; the other members' offset
+    if first:
+        ws = [router_weight] + list(weights)
+    situ = ((situ_member + off,), beta, linear_beta) if situ_member >= 0 else None
     ys = gemv.linear_group(_rows_2d(x), ws, cfg, situ=situ, f32=(j,), topk=(j, top_k, renormalize, scale),
                            bias=bias_fp32(bias))
-    return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys[:j]] + ys[j + 1:]
+    return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys[off:off + n]] + ys[n + 1:]
 
 
 # ------------------------------------------------------------------------------------- fused_residual_norm

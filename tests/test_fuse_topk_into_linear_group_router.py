@@ -114,17 +114,25 @@ def test_lowering_splits_where_the_kernel_does_not_apply(monkeypatch, M, pred, a
 @pytest.mark.parametrize("Ns,bucket,cfg,k", [([3584, 768, 896], 1, {"variant": "simt", "R": 4, "W": 8}, 16),
                                              ([3584, 768, 896], 2, {"variant": "simt", "R": 4, "W": 2}, 16),
                                              ([48, 128, 8], 1, None, 3)])
-def test_last_cta_selection_compiles(arch, Ns, bucket, cfg, k, monkeypatch):
-    """The grouped GEMV with the selection in its last CTA: one acq_rel arrival at gpu scope and one acquire fence,
-    4 redux.sync per round and k + 1 barriers per row (the top-k kernel's), the ids as 64-bit stores, no local
-    memory; without TOPK the same group renders with none of it. The rounds only (K3FUSE_TOPK_RANK=0): the default
+@pytest.mark.parametrize("first", [False, True])
+def test_last_cta_selection_compiles(arch, Ns, bucket, cfg, k, first, monkeypatch):
+    """The grouped GEMV with the selection in the router member's last CTA (the router last, or first as the
+    launcher orders it): one acq_rel arrival at gpu scope and one acquire fence, 4 redux.sync per round and k + 1
+    barriers per row (the top-k kernel's), the ids as 64-bit stores, no local memory; only the router member's CTAs
+    count in; without TOPK the same group renders with none of it. The rounds only (K3FUSE_TOPK_RANK=0): the default
     rank path is tests/test_router_topk_compile.py::test_rank_selection_compiles."""
     from k3fuse.codegen import gemv
     monkeypatch.setenv("K3FUSE_TOPK_RANK", "0")
     situ, j = ((1,), 4.0, 25.0), len(Ns) - 1
-    plain = gemv.render_group_source(Ns, 7168 if Ns[0] > 100 else 64, bucket, cfg, situ, (j,))[1]
+    if first:
+        Ns, situ, j = [Ns[-1]] + list(Ns[:-1]), ((2,), 4.0, 25.0), 0
+    tile = (cfg or gemv.group_config_for(Ns, 7168 if max(Ns) > 100 else 64, bucket))["R"]
+    src = gemv.render_group_source(Ns, 7168 if max(Ns) > 100 else 64, bucket, cfg, situ, (j,), (j, k, True, 2.5))[1]
+    t0 = 0 if first else sum(-(-n // tile) for n in Ns[:-1])
+    assert f"TJ0 = {t0} " in src and f"TJN = {-(-Ns[j] // tile)} " in src and "if tile0 == TJ0:" in src
+    plain = gemv.render_group_source(Ns, 7168 if max(Ns) > 100 else 64, bucket, cfg, situ, (j,))[1]
     assert "mCtr" not in plain and "atomic_add" not in plain
-    kern = gemv.build_group(Ns, 7168 if Ns[0] > 100 else 64, bucket, cfg, arch=arch, load=False, situ=situ, f32=(j,),
+    kern = gemv.build_group(Ns, 7168 if max(Ns) > 100 else 64, bucket, cfg, arch=arch, load=False, situ=situ, f32=(j,),
                             topk=(j, k, True, 2.5))
     ptx = open(kern.files["kernel.ptx"]).read()
     assert ptx.count("atom.global.acq_rel") == 1 and ptx.count("fence.acq_rel.gpu") == 1

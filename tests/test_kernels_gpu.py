@@ -454,10 +454,12 @@ def test_linear_group_router_op_and_graph_capture(M):
 
 @pytest.mark.parametrize("M,cfg", [(1, {"variant": "simt", "R": 4, "W": 8}), (2, {"variant": "simt", "R": 4, "W": 2}),
                                    (1, {"variant": "simt", "R": 2, "W": 4}), (2, {"variant": "simt", "R": 2, "W": 8})])
-def test_gemv_group_router_topk_matches_reference(M, cfg):
-    """The selection in the grouped GEMV's last CTA (linear_group_router_topk's kernel) on the TP16 MoE group + router:
-    poisoned outputs, replayed in a CUDA graph with fresh inputs (the arrival counter re-arms itself: 0 after every
-    launch); the expert ids equal to the reference's on the kernel's own logits, the logits against fp64."""
+@pytest.mark.parametrize("first", [False, True])
+def test_gemv_group_router_topk_matches_reference(M, cfg, first):
+    """The selection in the router member's last CTA (linear_group_router_topk's kernel) on the TP16 MoE group +
+    router, the router last or first (the launcher's order): poisoned outputs, replayed in a CUDA graph with fresh
+    inputs (the arrival counter re-arms itself: 0 after every launch); the expert ids equal to the reference's on
+    the kernel's own logits, the logits against fp64."""
     from k3fuse import ops
     from k3fuse.codegen import gemv
     K = 7168
@@ -467,8 +469,10 @@ def test_gemv_group_router_topk_matches_reference(M, cfg):
     ys = [torch.empty(M, 3584, device="cuda", dtype=torch.bfloat16),
           torch.empty(M, 384, device="cuda", dtype=torch.bfloat16), torch.empty(M, 896, device="cuda")]
     sel = (torch.empty(M, 16, device="cuda", dtype=torch.int64), torch.empty(M, 16, device="cuda"))
-    run = lambda: gemv.linear_group(x, ws, cfg, outs=ys, situ=((1,), 4.0, 25.0), f32=(2,), topk=(2, 16, True, 2.5),
-                                    bias=bias, sel=sel)
+    order = [2, 0, 1] if first else [0, 1, 2]           # ws / ys as launched; the checks index the original order
+    run = lambda: gemv.linear_group(x, [ws[i] for i in order], cfg, outs=[ys[i] for i in order],
+                                    situ=((order.index(1),), 4.0, 25.0), f32=(order.index(2),),
+                                    topk=(order.index(2), 16, True, 2.5), bias=bias, sel=sel)
 
     def check():
         assert gemv.arrival_counter(x.device).item() == 0
@@ -486,16 +490,18 @@ def test_gemv_group_router_topk_matches_reference(M, cfg):
     graph_replays_poisoned(run, lambda: x.copy_(bf(M, K)), [ys[0], ys[1], ys[2], sel[1]], check, replays=4)
 
 
-@pytest.mark.parametrize("knob", ["0", "1"])
+@pytest.mark.parametrize("knob,first", [("0", "1"), ("1", "1"), ("1", "0")])
 @pytest.mark.parametrize("M", [1, 2, 8])
-def test_linear_group_router_topk_op_in_graph(M, knob, monkeypatch):
+def test_linear_group_router_topk_op_in_graph(M, knob, first, monkeypatch):
     """k3fuse::linear_group_router_topk through its registered CUDA impl: one launch where the group's config has
-    256 threads (M = 1 on the H200); with K3FUSE_TOPK_IN_GROUP=0 (and at M = 2, 8) the group, then the top-k
-    kernel; in a CUDA graph with poisoned outputs."""
+    256 threads (M = 1 on the H200), the router member first (K3FUSE_ROUTER_FIRST, default) or last; with
+    K3FUSE_TOPK_IN_GROUP=0 (and at M = 2, 8) the group, then the top-k kernel; in a CUDA graph with poisoned
+    outputs."""
     from k3fuse import ops
     from k3fuse.codegen import registry
     registry.register()
     monkeypatch.setenv("K3FUSE_TOPK_IN_GROUP", knob)
+    monkeypatch.setenv("K3FUSE_ROUTER_FIRST", first)
     K = 7168
     x, ws, wr, bias = moe_group_router_inputs(M, K)
     outs = []
