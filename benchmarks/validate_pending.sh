@@ -14,6 +14,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s11t           # then the README table + model
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12            # session 11's unrun source + lean tail
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13            # session 12's unrun memcheck, router first A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13b           # frn partials A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13t           # the README table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
 #       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,
@@ -269,12 +270,21 @@ elif [ "$part" = s13 ]; then      # session 12's unrun memcheck of the rank sele
         layer_arm rf0_$r 1 K3FUSE_ROUTER_FIRST=0
     done
     tar czf "$OUT/logs_s13.tgz" -C "$L" .
+elif [ "$part" = s13b ]; then     # the one-launch fused_residual_norm's statistics as per-CTA partials (A/B); s13's cut tests
+    pytests b_tests 200 tests/test_kernels_gpu.py -k "one_kernel or fused_residual_norm_matches"
+    K3FUSE_FRN_PARTIALS=1 memcheck b_sanitizer 120 tests/test_kernels_gpu.py -k "one_kernel and 384"
+    pytests b_moe 200 tests/test_moe_kernel_gpu.py
+    for r in 1 2; do
+        layer_arm p1_$r 1 K3FUSE_FRN_PARTIALS=1
+        layer_arm p0_$r 1 K3FUSE_FRN_PARTIALS=0
+    done
+    tar czf "$OUT/logs_s13b.tgz" -C "$L" .
 elif [ "$part" = s13t ]; then     # the README table (TP16 M = 1, 8, Inductor included)
     timeout 400 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --top 16 > "$L/lb.txt" 2>&1
     echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13t)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t)" >&2
     exit 2
 fi
