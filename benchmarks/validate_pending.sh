@@ -270,7 +270,7 @@ elif [ "$part" = s13 ]; then      # session 12's unrun memcheck of the rank sele
         layer_arm rf0_$r 1 K3FUSE_ROUTER_FIRST=0
     done
     tar czf "$OUT/logs_s13.tgz" -C "$L" .
-elif [ "$part" = s13b ]; then     # the one-launch fused_residual_norm's statistics as per-CTA partials (A/B); s13's cut tests
+elif [ "$part" = s13b ]; then     # ran at 90b0be4: K3FUSE_FRN_PARTIALS (per-CTA partials, A/B; slower, removed); s13's cut tests
     pytests b_tests 200 tests/test_kernels_gpu.py -k "one_kernel or fused_residual_norm_matches"
     K3FUSE_FRN_PARTIALS=1 memcheck b_sanitizer 120 tests/test_kernels_gpu.py -k "one_kernel and 384"
     pytests b_moe 200 tests/test_moe_kernel_gpu.py

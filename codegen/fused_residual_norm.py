@@ -172,13 +172,6 @@ def one_lean_tail() -> bool:
     return os.environ.get("K3FUSE_FRN_LEAN_TAIL", "1") != "0"
 
 
-def one_partials() -> bool:
-    """K3FUSE_FRN_PARTIALS (default 0): the statistics as per-CTA partials summed in a fixed order after the barrier
-    instead of fp32 atomics on one accumulator line (bit-identical across CTAs and runs). Read when a kernel is
-    rendered."""
-    return os.environ.get("K3FUSE_FRN_PARTIALS", "0") != "0"
-
-
 def one_kernel_enabled() -> bool:
     """K3FUSE_FRN_ONE_KERNEL (default 1): 0 keeps the GEMV + mix-norm kernel pair at M = 1 too."""
     return os.environ.get("K3FUSE_FRN_ONE_KERNEL", "1") != "0"
@@ -211,7 +204,7 @@ def one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, w
     return dict(H=H, K=K, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), FP32_NORM=bool(fp32_norm),
                 MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)), WM_PAIR=bool(wm_pair), G=ONE_G,
                 W=ONE_W, RPW=H // (ONE_G * ONE_W), ITERS=-(-(K // 8) // 32), ACC=ONE_ACC, TIMEOUT_MS=ONE_TIMEOUT_MS,
-                SPIN_NS=one_spin_ns(), LEAN=one_lean_tail(), PART=one_partials())
+                SPIN_NS=one_spin_ns(), LEAN=one_lean_tail())
 
 
 def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_eps=1e-5, norm_eps=1e-5,
@@ -219,7 +212,7 @@ def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = ("one", H, K, nb, bool(has_addend), bool(has_prefix), bool(fp32_norm), float(mix_eps), float(norm_eps),
-            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), one_partials())
+            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail())
     if memo in _built:
         return _built[memo]
     src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair))
@@ -234,13 +227,13 @@ _one_state: dict = {}
 
 
 def one_state(device):
-    """(accumulators fp32 [(2 + ONE_G) * ONE_ACC]: two sets of ONE_ACC for the atomics, then with K3FUSE_FRN_PARTIALS
-    one slot per CTA and statistic; counter int32 [2]: arrivals, barrier timeouts) of the device's one-launch kernels. Shared by every such launch on the device: they must run one after another (one stream). Other work
+    """(accumulators fp32 [2 * ONE_ACC], counter int32 [2]: arrivals, barrier timeouts) of the device's one-launch
+    kernels. Shared by every such launch on the device: they must run one after another (one stream). Other work
     holding SMs only delays the barrier; where another tenant can hold SMs for long (MPS), K3FUSE_FRN_ONE_KERNEL=0."""
     import torch
     st = _one_state.get(device)
     if st is None:
-        st = _one_state[device] = (torch.zeros((2 + ONE_G) * ONE_ACC, dtype=torch.float32, device=device),
+        st = _one_state[device] = (torch.zeros(2 * ONE_ACC, dtype=torch.float32, device=device),
                                    torch.zeros(2, dtype=torch.int32, device=device))
     return st
 

@@ -178,30 +178,6 @@ def test_fused_residual_norm_one_kernel_lean_tail_compiles(arch, monkeypatch):
     assert "ld.local" not in p1
 
 
-@pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("nb", [2, 8])
-def test_fused_residual_norm_one_kernel_partials_compile(arch, nb, monkeypatch):
-    """K3FUSE_FRN_PARTIALS=1: no fp32 atomics; each CTA stores its NSTAT sums to its own slots (after the two
-    atomic sets) before the release arrival, and after the acquire every CTA loads all G partials of its warp's
-    statistics (G / 32 per lane each, all before the first add) through L2, the same arrival and poll as before."""
-    frn._built.clear()
-    monkeypatch.setenv("K3FUSE_FRN_PARTIALS", "1")
-    k = frn.build_one(7168, 384, nb, True, True, False, 1e-6, 1e-5, True, arch=arch, load=False)
-    frn._built.clear()
-    ptx = ptx_of(k)
-    S = nb + 1
-    nstat, nq = S + S * (S + 1) // 2, -(-(S + S * (S + 1) // 2) // 8)
-    assert "red.relaxed.gpu.global.add.f32" not in ptx and ptx.count("red.release.gpu.global.add.s32") == 1
-    assert ptx.count("ld.acquire.gpu.global") == 1
-    # (+ the epoch's relaxed load of the counter, the first one)
-    loads = [m.start() for m in re.finditer(r"ld\.relaxed\.gpu\.global\.b32", ptx)]
-    assert len(loads) == 1 + nq * (frn.ONE_G // 32), (len(loads), nstat)
-    arrive = ptx.find("red.release.gpu.global.add.s32")
-    st32 = [m.start() for m in re.finditer(r"st\.global\.b32", ptx)]
-    assert len(st32) == 1 and st32[0] < arrive < min(loads[1:])
-    assert "PBASE = 2 * ACC" in k.source and "ld.local" not in ptx
-
-
 def test_fused_residual_norm_one_kernel_reason():
     """Where the one launch applies: M = 1, no all-reduce, a norm, 7168 outputs, <= 8 blocks, >= 128 SMs, knob on."""
     assert frn.one_kernel_reason(1, 7168, 768, 2, True, "", 132) is None
