@@ -279,6 +279,17 @@ elif [ "$part" = s13b ]; then     # ran at 90b0be4: K3FUSE_FRN_PARTIALS (per-CTA
         layer_arm p0_$r 1 K3FUSE_FRN_PARTIALS=0
     done
     tar czf "$OUT/logs_s13b.tgz" -C "$L" .
+elif [ "$part" = s13g ]; then     # layers per CUDA graph (2 vs 16, every backend); the TP8 expert kernels re-swept at M = 1
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --graph-rounds 8 \
+        --tag _g8 > "$L/lb_g8.txt" 2>&1
+    echo "layer table, 16 layers per graph rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_g8.txt" | tee -a "$S"
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 \
+        --tag _g1 > "$L/lb_g1.txt" 2>&1
+    echo "layer table, 2 layers per graph rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_g1.txt" | tee -a "$S"
+    timeout 200 python3 benchmarks/moe_sweep.py --out "$L" --tp 8 --ms 1 --from-table --budget-s 150 > "$L/ms.txt" 2>&1
+    echo "moe sweep tp8 M=1 rc=$?" | tee -a "$S"; tail -8 "$L/ms.txt" | tee -a "$S"
+    cp "$L"/layer_bench_g8.json "$L"/moe_sweep.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s13g.tgz" -C "$L" .
 elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 1, 8, Inductor included)
     timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
@@ -288,6 +299,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g)" >&2
     exit 2
 fi
