@@ -290,6 +290,11 @@ elif [ "$part" = s13g ]; then     # layers per CUDA graph (2 vs 16, every backen
     echo "moe sweep tp8 M=1 rc=$?" | tee -a "$S"; tail -8 "$L/ms.txt" | tee -a "$S"
     cp "$L"/layer_bench_g8.json "$L"/moe_sweep.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s13g.tgz" -C "$L" .
+elif [ "$part" = s13u ]; then     # the MoE up kernel's late PDL trigger (K3FUSE_MOE_UP_LATE_TRIGGER): tests, one A/B pair
+    K3FUSE_MOE_UP_LATE_TRIGGER=1 pytests u_tests 60 tests/test_moe_kernel_gpu.py -k "matches_reference or graph_replay"
+    layer_arm ul1 1 K3FUSE_MOE_UP_LATE_TRIGGER=1
+    layer_arm ul0 1 K3FUSE_MOE_UP_LATE_TRIGGER=0
+    tar czf "$OUT/logs_s13u.tgz" -C "$L" .
 elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 1, 8, Inductor included)
     timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
@@ -299,6 +304,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u)" >&2
     exit 2
 fi
