@@ -290,7 +290,7 @@ elif [ "$part" = s13g ]; then     # layers per CUDA graph (2 vs 16, every backen
     echo "moe sweep tp8 M=1 rc=$?" | tee -a "$S"; tail -8 "$L/ms.txt" | tee -a "$S"
     cp "$L"/layer_bench_g8.json "$L"/moe_sweep.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s13g.tgz" -C "$L" .
-elif [ "$part" = s13u ]; then     # the MoE up kernel's late PDL trigger (K3FUSE_MOE_UP_LATE_TRIGGER): tests, one A/B pair
+elif [ "$part" = s13u ]; then     # ran at c3704ca: K3FUSE_MOE_UP_LATE_TRIGGER (the up kernel triggers after its main loop; no gain, removed)
     K3FUSE_MOE_UP_LATE_TRIGGER=1 pytests u_tests 60 tests/test_moe_kernel_gpu.py -k "matches_reference or graph_replay"
     layer_arm ul1 1 K3FUSE_MOE_UP_LATE_TRIGGER=1
     layer_arm ul0 1 K3FUSE_MOE_UP_LATE_TRIGGER=0

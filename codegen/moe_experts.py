@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Optional
 
 from .buckets import MAX_M, bucket_for
@@ -135,14 +134,6 @@ def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Option
     return None
 
 
-def up_late_trigger() -> bool:
-    """K3FUSE_MOE_UP_LATE_TRIGGER (default 0; session 13, not yet measured): under the PDL chain the up kernel
-    triggers its dependent (the down kernel) after its loads and FMAs instead of at its start, as the GEMVs do
-    (session 7), so the down kernel's CTAs do not take SM slots during the up kernel's last wave. Read when a
-    kernel is rendered."""
-    return os.environ.get("K3FUSE_MOE_UP_LATE_TRIGGER", "0") != "0"
-
-
 def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     nv = D // 8
     group = bool(cfg["GROUP"]) and bucket > 1
@@ -150,7 +141,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
                 R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=min(cfg["G"], bucket) if group else 1,
                 GROUP=group, CPC=cfg.get("CPC", 1) if group else 1, WD=cfg["WD"], LPR=cfg["LPR"], RT=cfg["RT"], VPL=(I // 8) // cfg["LPR"],
                 SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])), KS=cfg.get("KS", 1),
-                DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"], UP_LATE=up_late_trigger())
+                DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
 
 
 def render_source(E, I, D, KT, bucket, beta=4.0, lbeta=25.0, cfg: Optional[dict] = None) -> tuple[str, dict]:
@@ -169,8 +160,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     """Compiled kernel pair for (E, I, D, k, bucket, beta, lbeta, config, arch); memoised."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
-            up_late_trigger())
+    memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load)
     k = _built.get(memo)
     if k is not None:
         return k

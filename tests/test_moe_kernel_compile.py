@@ -77,34 +77,6 @@ def test_compiles(arch, tp, b):
     assert me.build(E, I, D, KT, b, arch=arch, load=False) is k  # memoised
 
 
-@pytest.mark.parametrize("b", [1, 8])
-def test_up_kernel_late_trigger(b, monkeypatch):
-    """K3FUSE_MOE_UP_LATE_TRIGGER=1 under the PDL chain: the up kernel waits first and triggers its dependent after
-    its weight loads (bucket 1: after the FMAs; grouped: at its end), the down kernel keeps its trigger + wait at
-    the start; without the flag the up kernel triggers first, as before."""
-    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
-    I = I_TP[16]
-
-    def entries(late):
-        monkeypatch.setenv("K3FUSE_MOE_UP_LATE_TRIGGER", late)
-        ptx = open(me.build(E, I, D, KT, b, arch="sm_90a", load=False).files["kernel.ptx"]).read()
-        parts = re.split(r"\.entry\s", ptx)[1:]
-        assert len(parts) == 2
-        return {("up" if "up_kernel" in p.split("(")[0] else "down"): p for p in parts}
-
-    late, early = entries("1"), entries("0")
-    for ks in (late, early):
-        d = ks["down"]
-        assert 0 <= d.find("griddepcontrol.launch_dependents") < d.find("griddepcontrol.wait")
-    u = late["up"]
-    wait, trig = u.find("griddepcontrol.wait"), u.find("griddepcontrol.launch_dependents")
-    v4 = [m.start() for m in re.finditer(r"ld\.global(?:\.[a-z0-9:_]+)*\.v4\.", u)]
-    assert 0 <= wait < min(v4) and max(v4) < trig
-    u0 = early["up"]
-    assert 0 <= u0.find("griddepcontrol.launch_dependents") < u0.find("griddepcontrol.wait") < min(
-        m.start() for m in re.finditer(r"ld\.global(?:\.[a-z0-9:_]+)*\.v4\.", u0))
-
-
 def test_fallback_on_cpu_logs_once(caplog):
     from k3fuse import ops
     from k3fuse.codegen import registry
