@@ -1,5 +1,5 @@
 """Time the MoE group with the SiTU-GLU epilogue (k3fuse::linear_group_situ: routed latent down 3584 + shared gate_up
-768 rows at TP16 widths, K = 7168) over even-R simt configs at M = 1, 2; weights rotated beyond L2, CUDA-graph replays,
+768 rows at TP16 widths, 1536 with --tp 8, K = 7168) over even-R simt configs at M = 1, 2; weights rotated beyond L2, CUDA-graph replays,
 checked against situ_glu of the fp64 products.   python3 benchmarks/group_situ_tune.py --out DIR
 --router: the same group with the router's 896 rows as a third, fp32-output member (k3fuse::linear_group_router),
 and, in the same run, the group without it followed by the router's own fp32 GEMV (what it replaces)."""
@@ -19,11 +19,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--router", action="store_true")
+    ap.add_argument("--tp", type=int, default=16, choices=(8, 16),
+                    help="the shared gate_up's per-rank rows: 2 * 6144 / tp (768 at TP16, 1536 at TP8)")
     a = ap.parse_args()
     from k3fuse import ops
     from k3fuse.codegen import gemv
     from k3fuse.codegen.buckets import bucket_for
-    Ns, K = ([3584, 768, 896] if a.router else [3584, 768]), 7168
+    gu = 2 * 6144 // a.tp
+    Ns, K = ([3584, gu, 896] if a.router else [3584, gu]), 7168
     f32 = (2,) if a.router else ()
     bw = copy_bandwidth()
     nrot = max(2, math.ceil(3 * L2_BYTES / (sum(Ns) * K * 2)))
@@ -64,7 +67,8 @@ def main():
               f"all {[(r['cfg']['R'], r['cfg']['W'], round(r['us'], 2)) for r in ok]}"
               + "".join(f"; {r['cfg']} {r['us']:.2f} us" for r in rows if r["M"] == M and isinstance(r["cfg"], str)),
               flush=True)
-    with open(os.path.join(a.out, "group_router_tune.json" if a.router else "group_situ_tune.json"), "w") as f:
+    name = ("group_router_tune" if a.router else "group_situ_tune") + ("" if a.tp == 16 else f"_tp{a.tp}")
+    with open(os.path.join(a.out, name + ".json"), "w") as f:
         json.dump(dict(copy_TBps=bw / 1e12, gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
 
 
