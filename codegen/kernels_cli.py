@@ -138,10 +138,10 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                                          lbeta=cfg.activation_situ_linear_beta, f32_members=[len(Nr) - 1]),
                              name=f"gemv_group_router_{'-'.join(map(str, Nr))}x{K}_b{b}"))
             if registry.topk_in_group_enabled():    # the router's selection in the same launch (opt-in)
-                # in the launcher's member order (registry.router_first: the router's rows first)
-                first = registry.router_first()
-                Nt = [cfg.num_experts] + list(Ns) if first else Nr
-                j = 0 if first else len(Nr) - 1
+                # in the launcher's member order (registry.router_topk_members: the router's rows first)
+                j, _, si = registry.router_topk_members(len(Ns), len(Ns) - 1)
+                Nt = list(Ns)
+                Nt.insert(j, cfg.num_experts)
                 tk = (j, cfg.num_experts_per_token, cfg.norm_topk_prob, cfg.routed_scaling_factor)
                 why = gemv.group_topk_supports(Nt, c, (j,), tk)
                 if why:
@@ -151,7 +151,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                 jobs.append(dict(jobs[-1], op="k3fuse::linear_group_router_topk", uses=[name + "_router_topk"],
                                  shape=dict(N=Nt, K=K),
                                  fusion=dict(jobs[-1]["fusion"], topk=list(tk), f32_members=[j],
-                                             situ_members=[len(Ns) - 1 + int(first)]),
+                                             situ_members=[si]),
                                  name=f"gemv_group_router_topk_{'-'.join(map(str, Nt))}x{K}_b{b}"))
     # pass fuse_rms_norm_into_linear: the GEMVs behind an RMSNorm, fused where codegen's predicate says the kernel
     # applies (registry.KERNEL_APPLIES: M <= 4, weights up to the measured size), else split back into norm + the

@@ -305,6 +305,14 @@ def router_first() -> bool:
     return os.environ.get("K3FUSE_ROUTER_FIRST", "1") != "0"
 
 
+def router_topk_members(n: int, situ_member: int) -> tuple[int, int, int]:
+    """The member order linear_group_router_topk launches (router_first()) for n weights + the router:
+    (the router's member index, the first weight's index, the SiTU member's index or -1). `k3fuse kernels`
+    renders the same order."""
+    j, off = (0, 1) if router_first() else (n, 0)
+    return j, off, situ_member + off if situ_member >= 0 else -1
+
+
 # The last CTA selects with the group config's threads. Measured on the H200 (2026-12-01, session 10,
 # validate_pending.sh topk_in_group, layer A/B twice, TP16): at M = 1 (R4 W8, 256 threads, like the standalone
 # top-k kernel) the same kernel time per layer (KDA 93.0 / 94.7 vs 93.0 / 94.0 us) with one launch fewer; at M = 2
@@ -358,11 +366,10 @@ def linear_group_router_topk_cuda(x, weights, router_weight, bias, top_k, renorm
         return outs[:-1] + list(torch.ops.k3fuse.topk_from_logits(outs[-1], bias, top_k, renormalize, scale))
     join_pending()
     n = len(weights)
-    first = router_first()
-    j, off = (0, 1) if first else (n, 0)      # the router member's index; the other members' offset
-    if first:
-        ws = [router_weight] + list(weights)
-    situ = ((situ_member + off,), beta, linear_beta) if situ_member >= 0 else None
+    j, off, si = router_topk_members(n, situ_member)
+    ws = list(weights)
+    ws.insert(j, router_weight)
+    situ = ((si,), beta, linear_beta) if si >= 0 else None
     ys = gemv.linear_group(_rows_2d(x), ws, cfg, situ=situ, f32=(j,), topk=(j, top_k, renormalize, scale),
                            bias=bias_fp32(bias))
     return [y.reshape(*x.shape[:-1], y.shape[-1]) for y in ys[off:off + n]] + ys[n + 1:]

@@ -51,8 +51,9 @@ def early_weights() -> bool:
     """K3FUSE_EARLY_WEIGHTS=1 (default 0; written in session 13 after the device time ran out, not yet measured on a
     GPU): under the PDL chain the simt GEMVs (plain and grouped) and the one-launch fused_residual_norm load every
     weight vector of the CTA into registers BEFORE griddepcontrol.wait (x, the activations and the counters
-    after it), so a CTA resident while its predecessor finishes streams its weights meanwhile (the SASS keeps
-    those LDGs ahead of ACQBULK: tests/test_codegen_compile.py). It assumes that no kernel before it in the stream
+    after it), so a CTA resident while its predecessor finishes streams its weights meanwhile (the PTX order is
+    tests/test_codegen_compile.py's; nvdisasm of the sm_90a cubins showed the SASS keeps those LDGs ahead of ACQBULK
+    too, checked by hand in session 13). It assumes that no kernel before it in the stream
     writes its weights, true for model parameters; a GEMV whose weight a k3fuse kernel computes in the same chain
     must not run with it. Read when a kernel is rendered, fixed per process like pdl_chain()."""
     return os.environ.get("K3FUSE_EARLY_WEIGHTS", "0") != "0"

@@ -187,3 +187,14 @@ def test_kernel_applies_from_256_threads_unless_the_knob_is_0(monkeypatch):
     assert "64 threads" in why
     monkeypatch.setenv("K3FUSE_TOPK_IN_GROUP", "0")
     assert not applies(*args(1)) and not applies(*args(2))
+
+
+@pytest.mark.parametrize("knob,expect", [("1", (0, 1, 2)), ("0", (2, 0, 1))])
+def test_router_topk_member_order(knob, expect, monkeypatch):
+    """registry.router_topk_members: the router's member index, the first weight's and the SiTU member's, as the
+    launcher and `k3fuse kernels` order the MoE group (two weights, the shared gate_up second): the router first by
+    default, last with K3FUSE_ROUTER_FIRST=0; no SiTU member stays -1."""
+    from k3fuse.codegen import registry
+    monkeypatch.setenv("K3FUSE_ROUTER_FIRST", knob)
+    assert registry.router_topk_members(2, 1) == expect
+    assert registry.router_topk_members(2, -1)[2] == -1
