@@ -17,6 +17,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13b           # frn partials A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13t           # the README table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14            # K3FUSE_EARLY_WEIGHTS: tests, memcheck, A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
 #       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,
 #       the same for templates/mla_attention.py.jinja; untracked, so the device copy carries it)
@@ -296,20 +297,24 @@ elif [ "$part" = s13u ]; then     # ran at c3704ca: K3FUSE_MOE_UP_LATE_TRIGGER (
     layer_arm ul1 1 K3FUSE_MOE_UP_LATE_TRIGGER=1
     layer_arm ul0 1 K3FUSE_MOE_UP_LATE_TRIGGER=0
     tar czf "$OUT/logs_s13u.tgz" -C "$L" .
-elif [ "$part" = s14 ]; then      # K3FUSE_EARLY_WEIGHTS (written in session 13, unmeasured): tests, memcheck, A/B, GEMV table
-    export K3FUSE_EARLY_WEIGHTS=1
-    pytests e_tests 200 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py -k "gemv or one_kernel or topk or group"
-    memcheck e_sanitizer 150 tests/test_kernels_gpu.py -k "(one_kernel or group_router_topk or matches_reference) and not graph and not 64"
+elif [ "$part" = s14 ]; then      # K3FUSE_EARLY_WEIGHTS (written in session 13, unmeasured): tests, memcheck, layer A/B
+    K3FUSE_EARLY_WEIGHTS=1 pytests e_tests 200 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py -k "gemv or one_kernel or topk or group"
+    K3FUSE_EARLY_WEIGHTS=1 memcheck e_sanitizer 150 tests/test_kernels_gpu.py -k "(one_kernel or group_router_topk or matches_reference) and not graph and not 64"
     for r in 1 2; do
         layer_arm ew1_$r 1 K3FUSE_EARLY_WEIGHTS=1
         layer_arm ew0_$r 1 K3FUSE_EARLY_WEIGHTS=0
     done
+    tar czf "$OUT/logs_s14.tgz" -C "$L" .
+elif [ "$part" = s14g ]; then     # the launcher's rewritten member order (d5f6785) on the GPU; GEMV re-tune EW 1/0; TP8 group
+    pytests g_topk 120 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py -k "group_router_topk or router_first"
     for ew in 1 0; do
-        K3FUSE_EARLY_WEIGHTS=$ew timeout 150 python3 benchmarks/gpu_kernels.py --out "$L/gk$ew" --shapes 7168x3584,7168x768,768x7168 \
+        K3FUSE_EARLY_WEIGHTS=$ew timeout 130 python3 benchmarks/gpu_kernels.py --out "$L/gk$ew" --shapes 7168x3584,7168x768,768x7168 \
             --ms 1 --tune > "$L/gk$ew.txt" 2>&1
         echo "gemv tune EW=$ew rc=$?" | tee -a "$S"; tail -6 "$L/gk$ew.txt" | tee -a "$S"
     done
-    tar czf "$OUT/logs_s14.tgz" -C "$L" .
+    timeout 150 python3 benchmarks/group_situ_tune.py --out "$L/gst8" --router --tp 8 > "$L/gst8.txt" 2>&1
+    echo "group tune tp8 rc=$?" | tee -a "$S"; tail -16 "$L/gst8.txt" | tee -a "$S"
+    tar czf "$OUT/logs_s14g.tgz" -C "$L" .
 elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 1, 8, Inductor included)
     timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
@@ -319,6 +324,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g)" >&2
     exit 2
 fi
