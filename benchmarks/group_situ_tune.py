@@ -68,6 +68,7 @@ def main():
               + "".join(f"; {r['cfg']} {r['us']:.2f} us" for r in rows if r["M"] == M and isinstance(r["cfg"], str)),
               flush=True)
     name = ("group_router_tune" if a.router else "group_situ_tune") + ("" if a.tp == 16 else f"_tp{a.tp}")
+    os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, name + ".json"), "w") as f:
         json.dump(dict(copy_TBps=bw / 1e12, gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
 

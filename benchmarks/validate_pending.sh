@@ -17,6 +17,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13b           # frn partials A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13t           # the README table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14            # K3FUSE_EARLY_WEIGHTS: tests, memcheck, A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14t           # e2e + README table + TP8, EW default
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
 #       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,
@@ -315,6 +316,18 @@ elif [ "$part" = s14g ]; then     # the launcher's rewritten member order (d5f67
     timeout 150 python3 benchmarks/group_situ_tune.py --out "$L/gst8" --router --tp 8 > "$L/gst8.txt" 2>&1
     echo "group tune tp8 rc=$?" | tee -a "$S"; tail -16 "$L/gst8.txt" | tee -a "$S"
     tar czf "$OUT/logs_s14g.tgz" -C "$L" .
+elif [ "$part" = s14t ]; then     # EW default + the TP8 group entry: end to end, README table, TP8 table, a third EW A/B pair
+    timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
+    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
+    timeout 300 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --top 16 > "$L/lb.txt" 2>&1
+    echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
+    cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
+    timeout 100 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1,8 --top 16 --skip inductor \
+        --tag _tp8 > "$L/lb_tp8.txt" 2>&1
+    echo "layer tp8 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_tp8.txt" | tee -a "$S"
+    layer_arm ew0_3 1 K3FUSE_EARLY_WEIGHTS=0
+    tar czf "$OUT/logs_s14t.tgz" -C "$L" .
 elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 1, 8, Inductor included)
     timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
@@ -324,6 +337,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t)" >&2
     exit 2
 fi

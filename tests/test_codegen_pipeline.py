@@ -206,3 +206,58 @@ def test_tuning_table_entries_render():
                     compile(gemv.render_source(N, K, int(b), gemv._clean(cfg))[1], key, "exec")
                 n += 1
     assert n > 50 and n_moe >= 2
+
+
+def test_moe_group_takes_the_selection_at_batch_1_on_the_h200():
+    """The MoE group with the router (routed latent down + shared gate_up + router rows, K = 7168) at M = 1 has a
+    table config of TOPK_IN_GROUP_MIN_THREADS threads at both TP widths, so the router's top-k runs in the group's
+    launch (TP8's entry added in session 14: without it the group took R2 W4, 128 threads, and the top-k its own
+    kernel); at M = 2 it does not, and the lowering splits the op."""
+    from k3fuse.codegen import gemv, registry
+    for gate_up in (768, 1536):          # TP16, TP8
+        Ns = [3584, gate_up, 896]
+        cfg, why = gemv.group_router_route(Ns, 7168, 1, (1,), gpu="nvidia_h200")
+        assert cfg is not None, why
+        assert 32 * cfg["W"] >= registry.TOPK_IN_GROUP_MIN_THREADS, (gate_up, cfg)
+        cfg2, _ = gemv.group_router_route(Ns, 7168, 2, (1,), gpu="nvidia_h200")
+        assert 32 * cfg2["W"] < registry.TOPK_IN_GROUP_MIN_THREADS, (gate_up, cfg2)
+
+
+def _fake_cuda_graph(f, *shapes):
+    """f traced to ATen + k3fuse ops on fake CUDA tensors (no GPU needed)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+    with FakeTensorMode():
+        args = [torch.empty(*s, device="cuda", dtype=torch.bfloat16) for s in shapes]
+    return make_fx(f, tracing_mode="fake")(*args)
+
+
+@pytest.mark.parametrize("knob", ["1", "0"])
+def test_guard_early_weights_unfuses_computed_and_written_weights(knob, monkeypatch):
+    """Early-weight kernels load weights before the PDL wait: a k3fuse GEMV whose weight is computed in the graph,
+    or is a graph input the graph writes, must take the unfused path (one log line); a parameter-like input stays
+    a kernel. With K3FUSE_EARLY_WEIGHTS=0 nothing is touched."""
+    from k3fuse.backend import decompositions
+    from k3fuse.lowering import guard_early_weights
+    monkeypatch.setenv("K3FUSE_EARLY_WEIGHTS", knob)
+    k3 = torch.ops.k3fuse
+
+    def f(x, w, w_cache, new):
+        y = k3.linear(x, w)                      # a parameter: kept
+        z = k3.linear(x, w * 2.0)                # computed: unfused
+        u = k3.linear_group(x, [w, w_cache])     # w_cache is written below: the whole group unfused
+        w_cache.add_(new)                        # written in place (a cache append, say)
+        return y, z, u[0], u[1]
+
+    gm = _fake_cuda_graph(f, (1, 64), (32, 64), (16, 64), (16, 64))
+    assert len(gm.graph.find_nodes(op="call_function", target=k3.linear.default)) == 2
+    lowered = guard_early_weights(gm, decompositions())
+    kept = gm.graph.find_nodes(op="call_function", target=k3.linear.default)
+    groups = gm.graph.find_nodes(op="call_function", target=k3.linear_group.default)
+    if knob == "1":
+        assert sorted(lowered) == ["linear", "linear_group"], lowered
+        assert [n.args[1].op for n in kept] == ["placeholder"] and kept[0].args[1].name.startswith("w")
+        assert not groups
+        assert gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default)
+    else:
+        assert lowered == [] and len(kept) == 2 and len(groups) == 1
