@@ -71,6 +71,8 @@ def run(name, cfg, M, steps=16, inner="eager", baseline=False):
     ci, base = (model.new_cache(M, 64) if baseline else None), []
     g = torch.Generator().manual_seed(1)
     errs, errs32, eager32, forced, same, same_forced = [], [], [], [], True, True
+    agree = {"forced": [], "eager_bf16_vs_fp32": []}      # argmax agreement per row and step
+    gaps = []       # for a forced mismatch: eager's logit gap between its argmax and the compiled one, in logit stds
     t0 = time.perf_counter()
     for _ in range(steps):
         ids = torch.randint(0, cfg.vocab_size, (M,), generator=g).cuda()
@@ -86,6 +88,12 @@ def run(name, cfg, M, steps=16, inner="eager", baseline=False):
         forced.append(rel(t, a))
         same &= bool(torch.equal(a.argmax(-1), b.argmax(-1)))
         same_forced &= bool(torch.equal(a.argmax(-1), t.argmax(-1)))
+        ia, it = a.argmax(-1), t.argmax(-1)
+        agree["forced"] += (ia == it).tolist()
+        agree["eager_bf16_vs_fp32"] += (ia == f.argmax(-1)).tolist()
+        af = a.float()
+        for r in (ia != it).nonzero().flatten().tolist():
+            gaps.append(((af[r, ia[r]] - af[r, it[r]]) / af[r].std()).item())
     del m32, c32
     compile_s = time.perf_counter() - t0
     # CUDA graph: capture one compiled step on a copy of the state, replay, compare with eager
@@ -122,6 +130,9 @@ def run(name, cfg, M, steps=16, inner="eager", baseline=False):
             "max_rel_err_vs_fp32": max(errs32), "eager_bf16_max_rel_err_vs_fp32": max(eager32),
             "forced_max_rel_err": max(forced),
             "inductor_forced_max_rel_err": max(base) if base else None, "forced_argmax_equal": same_forced, "argmax_equal": same, "graph_rel_err": graph_err,
+            "forced_argmax_agree": sum(agree["forced"]) / len(agree["forced"]),
+            "eager_bf16_vs_fp32_argmax_agree": sum(agree["eager_bf16_vs_fp32"]) / len(agree["eager_bf16_vs_fp32"]),
+            "forced_mismatch_max_gap_std": max(gaps) if gaps else 0.0,
             "graph_replay_us": sorted(ts)[len(ts) // 2], "compile_s": round(compile_s, 1)}
 
 
@@ -146,11 +157,13 @@ def main():
             except Exception as e:  # keep going: one table with every outcome
                 rows.append({"config": name, "M": M, "error": f"{type(e).__name__}: {e}"[:300]})
             print(json.dumps(rows[-1]), flush=True)
+    os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "gpu_e2e_smoke.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"), "rows": rows}, f, indent=1)
     # forced: every compiled step starts from eager's state (per-step error); free-running: vs eager, vs fp32
     print(f"\n{'config':<8} {'M':>3} {'forced':>9} {'f.argmax=':>9} {'vs eager':>9} {'vs fp32':>9} {'eager/fp32':>10} "
-          f"{'argmax=':>8} {'graph err':>10} {'replay us':>10} {'inductor forced':>15}")
+          f"{'argmax=':>8} {'graph err':>10} {'replay us':>10} {'inductor forced':>15} {'f.agree':>8} "
+          f"{'bf16/fp32 agree':>15} {'gap/std':>8}")
     for r in rows:
         if "error" in r:
             print(f"{r['config']:<8} {r['M']:>3} ERROR {r['error']}")
@@ -159,7 +172,8 @@ def main():
                   f"{r['max_rel_err']:>9.2e} {r['max_rel_err_vs_fp32']:>9.2e} "
                   f"{r['eager_bf16_max_rel_err_vs_fp32']:>10.2e} {str(r['argmax_equal']):>8} "
                   f"{r['graph_rel_err']:>10.2e} {r['graph_replay_us']:>10.1f} "
-                  f"{r['inductor_forced_max_rel_err'] or float('nan'):>15.2e}")
+                  f"{r['inductor_forced_max_rel_err'] or float('nan'):>15.2e} {r['forced_argmax_agree']:>8.3f} "
+                  f"{r['eager_bf16_vs_fp32_argmax_agree']:>15.3f} {r['forced_mismatch_max_gap_std']:>8.3f}")
 
 
 if __name__ == "__main__":

@@ -316,6 +316,20 @@ elif [ "$part" = s14g ]; then     # the launcher's rewritten member order (d5f67
     timeout 150 python3 benchmarks/group_situ_tune.py --out "$L/gst8" --router --tp 8 > "$L/gst8.txt" 2>&1
     echo "group tune tp8 rc=$?" | tee -a "$S"; tail -16 "$L/gst8.txt" | tee -a "$S"
     tar czf "$OUT/logs_s14g.tgz" -C "$L" .
+elif [ "$part" = s14e ]; then     # end to end with EW 1 / 0 (argmax agreement against bf16's own noise); layer A/B round 4; TP8 EW 0
+    for ew in 1 0; do
+        K3FUSE_EARLY_WEIGHTS=$ew timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L/e2e$ew" --configs k3tp16 --ms 1,8 \
+            --steps 16 > "$L/e2e$ew.txt" 2>&1
+        echo "e2e EW=$ew rc=$?" | tee -a "$S"; tail -3 "$L/e2e$ew.txt" | tee -a "$S"
+    done
+    layer_arm ew1_4 1 K3FUSE_EARLY_WEIGHTS=1
+    layer_arm ew0_4 1 K3FUSE_EARLY_WEIGHTS=0
+    for ew in 0 1; do
+        K3FUSE_EARLY_WEIGHTS=$ew timeout 90 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1 --top 16 \
+            --skip inductor --tag _tp8_ew$ew > "$L/lb_tp8_ew$ew.txt" 2>&1
+        echo "layer tp8 EW=$ew rc=$? $(grep -E "^(kda|mla) +8 +1 " "$L/lb_tp8_ew$ew.txt" | tr -s ' ' | tr '\n' '|')" | tee -a "$S"
+    done
+    tar czf "$OUT/logs_s14e.tgz" -C "$L" .
 elif [ "$part" = s14t ]; then     # EW default + the TP8 group entry: end to end, README table, TP8 table, a third EW A/B pair
     timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
@@ -337,6 +351,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e)" >&2
     exit 2
 fi

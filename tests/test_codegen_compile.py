@@ -17,6 +17,16 @@ ARCHES = ["sm_90a", "sm_100a"]
 pytestmark = pytest.mark.usefixtures("isolated_kernel_cache")
 
 
+@pytest.fixture
+def wait_first(monkeypatch):
+    """K3FUSE_EARLY_WEIGHTS=0: the kernels load nothing before the PDL wait (the default since session 14 loads the
+    weights first: test_early_weights_loads_before_the_wait); kernel memos cleared around it (they do not key on it)."""
+    monkeypatch.setenv("K3FUSE_EARLY_WEIGHTS", "0")
+    kcompile.clear_memo()
+    yield
+    kcompile.clear_memo()
+
+
 def ptx_of(k):
     return open(k.files["kernel.ptx"]).read()
 
@@ -119,7 +129,7 @@ def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("K,nb,addend,prefix,pair", [(768, 2, False, True, True), (384, 8, True, True, True),
                                                      (1536, 0, True, False, False)])
-def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pair, monkeypatch):
+def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pair, monkeypatch, wait_first):
     """The one-launch kernel (M = 1): its weight and x loads 128-bit, ITERS x (RPW + 1) of them, all before the PDL
     trigger and after the wait; the column's sources loaded before the main loop; one fp32 reduction into the
     accumulators, one release arrival, one acquire poll with a nanosleep, no local memory; 128 CTAs x 8 warps x 7 rows
@@ -511,7 +521,7 @@ def _layer_kernel_sources():
     }
 
 
-def test_pdl_chain_knob_renders_wait_first(monkeypatch):
+def test_pdl_chain_knob_renders_wait_first(monkeypatch, wait_first):
     """PDL chain on (the default, or K3FUSE_PDL_CHAIN=1): every layer kernel launches with use_pdl and its body
     waits (griddepcontrol) before its first tensor access; the GEMVs trigger their dependents after their main loop
     (after the last weight load: _pdl_chain.jinja late_trigger), the other kernels before the wait, at their start;
@@ -540,7 +550,7 @@ def test_pdl_chain_knob_renders_wait_first(monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ["sm_90a"])
-def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
+def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch, wait_first):
     """The compiled layer kernels under K3FUSE_PDL_CHAIN=1: griddepcontrol.wait comes before the first global
     load or store of each kernel entry in the PTX (ptxas cannot move memory ops above it)."""
     import re
@@ -558,7 +568,7 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
 
 
 def test_early_weights_loads_before_the_wait(monkeypatch):
-    """K3FUSE_EARLY_WEIGHTS=1 (opt-in, with the PDL chain): in the PTX of the simt GEMV (plain, the router-first MoE
+    """K3FUSE_EARLY_WEIGHTS=1 (the default, with the PDL chain): in the PTX of the simt GEMV (plain, the router-first MoE
     group with its selection) and the one-launch fused_residual_norm, the weight vectors (ITERS x rows per thread)
     are the only global loads before griddepcontrol.wait, and x / the columns / the counters come after it; where a
     thread would hold more than EARLY_WEIGHTS_MAX_VECTORS (the K = 1536 one-launch kernel) the kernel waits first, as
