@@ -48,19 +48,20 @@ EARLY_WEIGHTS_MAX_VECTORS = 24
 
 
 def early_weights() -> bool:
-    """K3FUSE_EARLY_WEIGHTS (default 1 since session 14; =0: off): under the PDL chain the simt GEMVs (plain and
-    grouped) and the one-launch fused_residual_norm load every weight vector of the CTA into registers BEFORE
-    griddepcontrol.wait (x, the activations and the counters after it), so a CTA resident while its predecessor
-    finishes streams its weights meanwhile (the PTX order is tests/test_codegen_compile.py's; nvdisasm of the sm_90a
-    cubins showed the SASS keeps those LDGs ahead of ACQBULK too, checked by hand in session 13). Measured on the
-    H200 (session 14, validate_pending.sh s14, two A/B rounds, TP16 M = 1): both one-launch fused_residual_norms
-    faster in every round (o_proj 7.25 -> 6.95 us, shared down 6.25 -> 5.6), layer walls KDA 92.4 -> 90.3 us and MLA
-    102.1 -> 99.2 (means; KDA's second round alone 91.9 -> 92.6). It assumes that nothing earlier in the stream
-    writes the weights, true for model parameters: compiler/lowering.guard_early_weights sends an op whose weight is
-    computed in the graph, or is an input the graph writes, down the unfused path. A direct caller of the kernels
-    (codegen.gemv) must not pass a weight that the previous k3fuse kernel produces. Read when a kernel is rendered,
-    fixed per process like pdl_chain()."""
-    return os.environ.get("K3FUSE_EARLY_WEIGHTS", "1") != "0"
+    """K3FUSE_EARLY_WEIGHTS=1 (opt-in, default 0): under the PDL chain the simt GEMVs (plain and grouped) and the one-
+    launch fused_residual_norm load every weight vector of the CTA into registers BEFORE griddepcontrol.wait (x, the
+    activations and the counters after it), so a CTA resident while its predecessor finishes streams its weights
+    meanwhile (the PTX order is tests/test_codegen_compile.py's; nvdisasm of the sm_90a cubins showed the SASS keeps
+    those LDGs ahead of ACQBULK too, checked by hand in session 13). Measured on the H200 (session 14, four A/B
+    rounds at TP16 M = 1 and one at TP8, benchmarks/RESULTS.md "Session 14"): the two one-launch
+    fused_residual_norms are faster in every round (o_proj 7.25 -> 6.95 us, shared down 6.3 -> 5.5), but the layer
+    walls are not: KDA 90.6 us without, 91.8 with, MLA 101.4 / 102.2 (means of four): the weights loaded early take
+    bandwidth from the kernel still running. So it stays off. It assumes that nothing earlier in the stream writes
+    the weights, true for model parameters: compiler/lowering.guard_early_weights sends an op whose weight is
+    computed in the graph, or is an input the graph writes, down the unfused path while it is on. A direct caller of
+    the kernels (codegen.gemv) must not pass a weight that the previous k3fuse kernel produces. Read when a kernel
+    is rendered, fixed per process like pdl_chain()."""
+    return os.environ.get("K3FUSE_EARLY_WEIGHTS", "0") != "0"
 
 
 def render(template: str, **params: Any) -> str:

@@ -19,8 +19,8 @@ pytestmark = pytest.mark.usefixtures("isolated_kernel_cache")
 
 @pytest.fixture
 def wait_first(monkeypatch):
-    """K3FUSE_EARLY_WEIGHTS=0: the kernels load nothing before the PDL wait (the default since session 14 loads the
-    weights first: test_early_weights_loads_before_the_wait); kernel memos cleared around it (they do not key on it)."""
+    """K3FUSE_EARLY_WEIGHTS=0 (the default), whatever the environment says: the kernels load nothing before the PDL
+    wait (=1 loads the weights first: test_early_weights_loads_before_the_wait); kernel memos cleared around it."""
     monkeypatch.setenv("K3FUSE_EARLY_WEIGHTS", "0")
     kcompile.clear_memo()
     yield
@@ -568,7 +568,7 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch, wait_first)
 
 
 def test_early_weights_loads_before_the_wait(monkeypatch):
-    """K3FUSE_EARLY_WEIGHTS=1 (the default, with the PDL chain): in the PTX of the simt GEMV (plain, the router-first MoE
+    """K3FUSE_EARLY_WEIGHTS=1 (opt-in, with the PDL chain): in the PTX of the simt GEMV (plain, the router-first MoE
     group with its selection) and the one-launch fused_residual_norm, the weight vectors (ITERS x rows per thread)
     are the only global loads before griddepcontrol.wait, and x / the columns / the counters come after it; where a
     thread would hold more than EARLY_WEIGHTS_MAX_VECTORS (the K = 1536 one-launch kernel) the kernel waits first, as

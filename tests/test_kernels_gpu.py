@@ -455,8 +455,9 @@ def test_linear_group_router_op_and_graph_capture(M):
 @pytest.mark.parametrize("M,cfg", [(1, {"variant": "simt", "R": 4, "W": 8}), (2, {"variant": "simt", "R": 4, "W": 2}),
                                    (1, {"variant": "simt", "R": 2, "W": 4}), (2, {"variant": "simt", "R": 2, "W": 8})])
 @pytest.mark.parametrize("first", [False, True])
-def test_gemv_group_router_topk_matches_reference(M, cfg, first):
-    """The selection in the router member's last CTA (linear_group_router_topk's kernel) on the TP16 MoE group +
+@pytest.mark.parametrize("gu", [768, 1536])         # the shared gate_up's rows at TP16, TP8
+def test_gemv_group_router_topk_matches_reference(M, cfg, first, gu):
+    """The selection in the router member's last CTA (linear_group_router_topk's kernel) on the TP16 and TP8 MoE groups +
     router, the router last or first (the launcher's order): poisoned outputs, replayed in a CUDA graph with fresh
     inputs (the arrival counter re-arms itself: 0 after every launch); the expert ids equal to the reference's on
     the kernel's own logits, the logits against fp64."""
@@ -464,10 +465,10 @@ def test_gemv_group_router_topk_matches_reference(M, cfg, first):
     from k3fuse.codegen import gemv
     K = 7168
     x = bf(M, K)
-    ws = [bf(3584, K, scale=K ** -0.5), bf(768, K, scale=3 * K ** -0.5), bf(896, K, scale=K ** -0.5)]
+    ws = [bf(3584, K, scale=K ** -0.5), bf(gu, K, scale=3 * K ** -0.5), bf(896, K, scale=K ** -0.5)]
     bias = torch.randn(896, device="cuda") * 0.05
     ys = [torch.empty(M, 3584, device="cuda", dtype=torch.bfloat16),
-          torch.empty(M, 384, device="cuda", dtype=torch.bfloat16), torch.empty(M, 896, device="cuda")]
+          torch.empty(M, gu // 2, device="cuda", dtype=torch.bfloat16), torch.empty(M, 896, device="cuda")]
     sel = (torch.empty(M, 16, device="cuda", dtype=torch.int64), torch.empty(M, 16, device="cuda"))
     order = [2, 0, 1] if first else [0, 1, 2]           # ws / ys as launched; the checks index the original order
     run = lambda: gemv.linear_group(x, [ws[i] for i in order], cfg, outs=[ys[i] for i in order],
@@ -477,8 +478,8 @@ def test_gemv_group_router_topk_matches_reference(M, cfg, first):
     def check():
         assert gemv.arrival_counter(x.device).item() == 0
         assert rel(ys[0], x.double() @ ws[0].double().t()) < 1e-2
-        gu = (x.double() @ ws[1].double().t()).to(torch.bfloat16)
-        assert rel(ys[1], ops.situ_glu._init_fn(gu, 4.0, 25.0)) < 1e-2
+        g_u = (x.double() @ ws[1].double().t()).to(torch.bfloat16)
+        assert rel(ys[1], ops.situ_glu._init_fn(g_u, 4.0, 25.0)) < 1e-2
         assert rel(ys[2], x.double() @ ws[2].double().t()) < 1e-5
         rids, rw = ops.topk_from_logits._init_fn(ys[2], bias, 16, True, 2.5)
         assert torch.equal(sel[0], rids) and rel(sel[1], rw.double()) < 1e-5
