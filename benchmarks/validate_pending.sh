@@ -17,6 +17,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13b           # frn partials A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13t           # the README table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14            # K3FUSE_EARLY_WEIGHTS: tests, memcheck, A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh ab K3FUSE_X=0,1   # paired A/B in one process (layer_ab.py)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14t           # e2e + README table + TP8, EW default
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
@@ -316,6 +317,11 @@ elif [ "$part" = s14g ]; then     # the launcher's rewritten member order (d5f67
     timeout 150 python3 benchmarks/group_situ_tune.py --out "$L/gst8" --router --tp 8 > "$L/gst8.txt" 2>&1
     echo "group tune tp8 rc=$?" | tee -a "$S"; tail -16 "$L/gst8.txt" | tee -a "$S"
     tar czf "$OUT/logs_s14g.tgz" -C "$L" .
+elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one knob, both arms in one process, ABBA replays
+    timeout 300 python3 benchmarks/layer_ab.py --out "$L" --var "$2" --kinds kda,mla --tp 16 --ms "${3:-1}" --pairs 40 \
+        > "$L/ab.txt" 2>&1
+    echo "layer_ab $2 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab.txt" | tee -a "$S"
+    cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
 elif [ "$part" = s14e ]; then     # end to end with EW 1 / 0 (argmax agreement against bf16's own noise); layer A/B round 4; TP8 EW 0
     for ew in 1 0; do
         K3FUSE_EARLY_WEIGHTS=$ew timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L/e2e$ew" --configs k3tp16 --ms 1,8 \
@@ -351,6 +357,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab)" >&2
     exit 2
 fi

@@ -158,12 +158,18 @@ def compile_source(source: str, arch: str, *, load: bool = True, cache: Optional
         return k
 
 
-def clear_memo() -> None:
-    """Forget every in-process compiled kernel (this module's and the kernel families' memos)."""
-    with _lock:
-        _memo.clear()
+def clear_memo(keep: Optional[list] = None) -> None:
+    """Forget every in-process compiled kernel (this module's and the kernel families' memos). keep: a list that
+    receives the forgotten kernels, so that CUDA graphs captured with them stay valid (benchmarks/layer_ab.py
+    captures one graph per knob value in one process)."""
     from . import (allgather_oneshot, fused_residual_norm, gemv, kda_recurrent, mixnorm_allreduce, mla_attention,
                    moe_experts, prefetch, router_topk)
+    with _lock:
+        if keep is not None:
+            keep.extend(_memo.values())
+        _memo.clear()
     for mod in (gemv, fused_residual_norm, prefetch, kda_recurrent, mla_attention, moe_experts, router_topk,
                 mixnorm_allreduce, allgather_oneshot):
+        if keep is not None:
+            keep.extend(mod._built.values())
         mod._built.clear()

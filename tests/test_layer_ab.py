@@ -1,0 +1,29 @@
+"""benchmarks/layer_ab.py's pure parts on the CPU: the ABBA replay order and the paired summary."""
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import layer_ab  # noqa: E402
+
+
+def test_abba_order_cancels_a_linear_drift():
+    order = layer_ab.abba(4)
+    assert order == [(0, 0), (0, 1), (1, 1), (1, 0), (2, 0), (2, 1), (3, 1), (3, 0)]
+    # a clock that slows linearly (replay k takes 100 + k us) adds the same total to both arms over ABBA blocks
+    tot = [0.0, 0.0]
+    for k, (_, arm) in enumerate(order):
+        tot[arm] += 100 + k
+    assert tot[0] == tot[1]
+
+
+def test_paired_summary_reads_the_pairs():
+    a = [90.0, 91.0, 95.0, 89.0, 92.0]
+    b = [88.5, 90.0, 94.0, 90.0, 90.5]          # diffs -1.5, -1.0, -1.0, +1.0, -1.5
+    r = layer_ab.paired_summary(a, b)
+    assert r["a_us"] == 91.0 and r["b_us"] == 90.0
+    assert r["diff_us"] == -1.0 and r["diff_q1_us"] == -1.5 and r["diff_q3_us"] == -1.0
+    assert r["b_faster"] == 4 and r["pairs"] == 5
+    with pytest.raises(ValueError, match="equal, nonzero"):
+        layer_ab.paired_summary(a, b[:-1])
