@@ -69,9 +69,9 @@ def precompile(jobs, workers):
     return bad
 
 
-def graph_time(fn, iters_per_graph=20, replays=15, before_replay=None):
-    """Median microseconds per call of fn(i) (i = launch index), from CUDA-graph replays timed with events.
-    before_replay(): host work between timed replays (refill inputs, a barrier across ranks), outside the timing."""
+def capture_graph(fn, iters_per_graph):
+    """fn(0), ..., fn(iters_per_graph - 1) (i = launch index) captured as one CUDA graph, after 3 warm calls on a
+    side stream; replayed once."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -85,6 +85,13 @@ def graph_time(fn, iters_per_graph=20, replays=15, before_replay=None):
             fn(i)
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def graph_time(fn, iters_per_graph=20, replays=15, before_replay=None):
+    """Median microseconds per call of fn(i) (i = launch index), from CUDA-graph replays timed with events.
+    before_replay(): host work between timed replays (refill inputs, a barrier across ranks), outside the timing."""
+    g = capture_graph(fn, iters_per_graph)
     ts = []
     for _ in range(replays):
         if before_replay is not None:

@@ -23,7 +23,7 @@ import time
 import torch
 
 from k3fuse.codegen import compile as kcompile
-from gpu_kernels import copy_bandwidth
+from gpu_kernels import capture_graph, copy_bandwidth
 from layer_bench import clone_inputs, floor_bytes, make_inputs, make_layer, per_rank_config, rel
 
 
@@ -48,23 +48,10 @@ def abba(n_pairs: int) -> list:
 
 
 def capture(fn, copies, per_copy):
-    """One CUDA graph of fn over the (layer, inputs) copies, per_copy rounds: (graph, layer calls in it)."""
+    """One CUDA graph of fn over the (layer, inputs) copies, per_copy rounds (as layer_bench.time_graph): (graph,
+    layer calls in it)."""
     n = len(copies) * per_copy
-    call = lambda i: fn(copies[i % len(copies)][0], *copies[i % len(copies)][1])
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(3):
-            call(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(n):
-            call(i)
-    g.replay()
-    torch.cuda.synchronize()
-    return g, n
+    return capture_graph(lambda i: fn(copies[i % len(copies)][0], *copies[i % len(copies)][1]), n), n
 
 
 def replay_us(g, n) -> float:

@@ -49,6 +49,14 @@ layer_arm() {   # layer_arm TAG MS [VAR=VALUE ...] [-- LAYER_BENCH_ARGS...]: one
     echo "layer $tag rc=$? $(grep -E "^(kda|mla) +16 +(${ms//,/|}) " "$L/lb_$tag.txt" | tr -s ' ' | tr '\n' '|')" \
         | tee -a "$S"
 }
+e2e_and_table() {   # e2e_and_table E2E_TIMEOUT TABLE_TIMEOUT: end to end (k3tp16, M = 1, 8), then the TP16 README table
+    timeout "$1" python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
+    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
+    timeout "$2" python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --top 16 > "$L/lb.txt" 2>&1
+    echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
+    cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
+}
 if [ "$part" = tests ]; then
     # test_runtime_gpu.py (one model compile per bucket) last
     pytests tests 250 tests/test_kernels_gpu.py tests/test_moe_kernel_gpu.py tests/test_mla_kernel_gpu.py \
@@ -337,24 +345,14 @@ elif [ "$part" = s14e ]; then     # end to end with EW 1 / 0 (argmax agreement a
     done
     tar czf "$OUT/logs_s14e.tgz" -C "$L" .
 elif [ "$part" = s14t ]; then     # EW default + the TP8 group entry: end to end, README table, TP8 table, a third EW A/B pair
-    timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
-    echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
-    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
-    timeout 300 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --top 16 > "$L/lb.txt" 2>&1
-    echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
-    cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
+    e2e_and_table 120 300
     timeout 100 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1,8 --top 16 --skip inductor \
         --tag _tp8 > "$L/lb_tp8.txt" 2>&1
     echo "layer tp8 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_tp8.txt" | tee -a "$S"
     layer_arm ew0_3 1 K3FUSE_EARLY_WEIGHTS=0
     tar czf "$OUT/logs_s14t.tgz" -C "$L" .
 elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 1, 8, Inductor included)
-    timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
-    echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
-    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
-    timeout 400 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --top 16 > "$L/lb.txt" 2>&1
-    echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
-    cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
+    e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
     echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab)" >&2
