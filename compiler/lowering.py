@@ -155,11 +155,12 @@ def _computed_weights(n: fx.Node) -> list[str]:
 
 
 def guard_early_weights(gm: fx.GraphModule | fx.Graph, decomps) -> list[str]:
-    """With codegen.render.early_weights() (the default under the PDL chain) the GEMV kernels load their weights
-    BEFORE waiting for the previous kernel, which is right only if nothing earlier in the stream writes them: true
-    for model parameters (graph inputs the graph does not write). A k3fuse op whose weight is computed in the graph,
-    or is an input the graph writes, takes its reference path instead (inlined into ATen), with one log line.
-    Takes a GraphModule (the k3fuse backend) or a Graph (the vLLM pass). Returns the names of the ops so lowered."""
+    """With codegen.render.early_weights() (K3FUSE_EARLY_WEIGHTS=1, opt-in; under the PDL chain) the GEMV kernels load
+    their weights BEFORE waiting for the previous kernel, which is right only if nothing earlier in the stream
+    writes them: true for model parameters (graph inputs the graph does not write). A k3fuse op whose weight is
+    computed in the graph, or is an input the graph writes, takes its reference path instead (inlined into ATen),
+    with one log line. Takes a GraphModule (the k3fuse backend) or a Graph (the vLLM pass). Returns the names of the
+    ops so lowered."""
     from k3fuse.codegen.render import early_weights, pdl_chain
     if not (early_weights() and pdl_chain()):
         return []

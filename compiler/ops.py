@@ -460,8 +460,6 @@ def _(x):
     return torch.empty_like(x)
 
 
-
-
 # ------------------------------------------------------------------------------------------------ weight operands
 # op -> positions of its weight operands (a list operand: each of its weights): the tensors its kernels stream from
 # HBM. passes/insert_prefetch.py prefetches them; compiler/lowering.py checks that they are graph inputs where the
