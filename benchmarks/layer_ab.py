@@ -1,6 +1,6 @@
 """A/B of one k3fuse knob on one decoder layer, both arms in ONE process with their replays interleaved.
 
-    python3 benchmarks/layer_ab.py --out DIR --var K3FUSE_EARLY_WEIGHTS=0,1 [--kinds kda,mla] [--tp 16] [--ms 1]
+    python3 benchmarks/layer_ab.py --out DIR --var K3FUSE_ROUTER_FIRST=0,1 [--kinds kda,mla] [--tp 16] [--ms 1]
                                    [--pairs 40] [--graph-rounds 1] [--tag _ew]
 
 Why: separate layer_bench runs of the same kernels differ by up to ~5% (session 14: KDA TP16 M = 1 88.2-92.8 us

@@ -16,7 +16,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13            # session 12's unrun memcheck, router first A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13b           # frn partials A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s13t           # the README table
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14            # K3FUSE_EARLY_WEIGHTS: tests, memcheck, A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14            # K3FUSE_EARLY_WEIGHTS (since removed): tests, memcheck, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh ab K3FUSE_X=0,1   # paired A/B in one process (layer_ab.py)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14t           # e2e + README table + TP8, EW default
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
@@ -307,7 +307,7 @@ elif [ "$part" = s13u ]; then     # ran at c3704ca: K3FUSE_MOE_UP_LATE_TRIGGER (
     layer_arm ul1 1 K3FUSE_MOE_UP_LATE_TRIGGER=1
     layer_arm ul0 1 K3FUSE_MOE_UP_LATE_TRIGGER=0
     tar czf "$OUT/logs_s13u.tgz" -C "$L" .
-elif [ "$part" = s14 ]; then      # K3FUSE_EARLY_WEIGHTS (written in session 13, unmeasured): tests, memcheck, layer A/B
+elif [ "$part" = s14 ]; then      # ran at b959fe4: K3FUSE_EARLY_WEIGHTS (no layer gain, removed): tests, memcheck, layer A/B
     K3FUSE_EARLY_WEIGHTS=1 pytests e_tests 200 tests/test_kernels_gpu.py tests/test_router_topk_gpu.py -k "gemv or one_kernel or topk or group"
     K3FUSE_EARLY_WEIGHTS=1 memcheck e_sanitizer 150 tests/test_kernels_gpu.py -k "(one_kernel or group_router_topk or matches_reference) and not graph and not 64"
     for r in 1 2; do

@@ -14,7 +14,7 @@ import torch
 from torch._functorch.aot_autograd import aot_module_simplified
 from torch._functorch.aot_autograd import make_boxed_func
 
-from .lowering import guard_early_weights, lower_unkerneled_ops
+from .lowering import lower_unkerneled_ops
 from .options import K3FuseOptions
 from .pipeline import Pipeline
 
@@ -46,9 +46,6 @@ def k3fuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
         aten_gm = pipe(aten_gm)
         LAST_PIPELINES.append(pipe)
         del LAST_PIPELINES[:-16]
-        guarded = guard_early_weights(aten_gm, decompositions())
-        if guarded:
-            pipe.summary["unfused_computed_weights"] = op_counter(guarded)
         if opts.inner_compiler == "eager":
             return make_boxed_func(aten_gm.forward)
         # Inductor: ops without a kernel on this device go back to ATen so that Inductor fuses them

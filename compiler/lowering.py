@@ -8,7 +8,6 @@ ATen with the same decompositions the graph was captured with. Ops with kernels 
 """
 from __future__ import annotations
 
-import logging
 import operator
 
 import torch
@@ -16,8 +15,6 @@ import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import k3fuse.ops as k3ops
-
-logger = logging.getLogger("k3fuse")
 
 
 def _device(n: fx.Node):
@@ -117,72 +114,4 @@ def lower_unkerneled_ops(gm: fx.GraphModule, decomps) -> list[str]:
         todo = new_nodes
     gm.graph.eliminate_dead_code()
     gm.recompile()
-    return lowered
-
-
-_VIEWS = (torch.ops.aten.slice.Tensor, torch.ops.aten.view.default, torch.ops.aten.t.default,
-          torch.ops.aten.permute.default, torch.ops.aten.select.int)
-
-
-def _written(n: fx.Node) -> bool:
-    """Does the graph write into n (a mutating op's written argument, e.g. copy_ into a cache or state)?"""
-    for u in n.users:
-        if isinstance(u.target, torch._ops.OpOverload) and u.target._schema.is_mutable:
-            for arg, a in zip(u.target._schema.arguments, u.args):
-                written = arg.alias_info is not None and arg.alias_info.is_write
-                if written and (a is n or (isinstance(a, list) and n in a)):
-                    return True
-        elif u.op == "call_function" and u.target in _VIEWS and _written(u):
-            return True
-    return False
-
-
-def _computed_weights(n: fx.Node) -> list[str]:
-    """The weight operands of n (k3fuse.ops.WEIGHT_ARGS) that are not read-only graph inputs: computed in the graph,
-    or graph inputs the graph writes into."""
-    bad = []
-    for i in k3ops.WEIGHT_ARGS.get(n.target, ()):
-        if i >= len(n.args):
-            continue
-        ws = n.args[i] if isinstance(n.args[i], (list, tuple)) else [n.args[i]]
-        for w in ws:
-            src = w
-            while isinstance(src, fx.Node) and src.op == "call_function" and src.target in _VIEWS:
-                src = src.args[0]
-            if isinstance(src, fx.Node) and (src.op not in ("placeholder", "get_attr") or _written(src)):
-                bad.append(w.name)
-    return bad
-
-
-def guard_early_weights(gm: fx.GraphModule | fx.Graph, decomps) -> list[str]:
-    """With codegen.render.early_weights() (K3FUSE_EARLY_WEIGHTS=1, opt-in; under the PDL chain) the GEMV kernels load
-    their weights BEFORE waiting for the previous kernel, which is right only if nothing earlier in the stream
-    writes them: true for model parameters (graph inputs the graph does not write). A k3fuse op whose weight is
-    computed in the graph, or is an input the graph writes, takes its reference path instead (inlined into ATen),
-    with one log line. Takes a GraphModule (the k3fuse backend) or a Graph (the vLLM pass). Returns the names of the
-    ops so lowered."""
-    from k3fuse.codegen.render import early_weights, pdl_chain
-    if not (early_weights() and pdl_chain()):
-        return []
-    graph = gm.graph if isinstance(gm, fx.GraphModule) else gm
-    lowered, todo = [], list(graph.nodes)
-    while todo:             # an inlined fused op's reference calls the k3fuse ops it fuses: check those in turn
-        new_nodes = []
-        for n in todo:
-            if n.op != "call_function" or n.target not in k3ops.WEIGHT_ARGS or _device(n).type != "cuda":
-                continue
-            bad = _computed_weights(n)
-            if not bad:
-                continue
-            name = n.target._schema.name.split("::")[-1]
-            logger.info("k3fuse: %s (%s) takes the unfused path: its weight operand(s) %s are computed or written "
-                        "in the graph, and the early-weight kernels (K3FUSE_EARLY_WEIGHTS) assume parameters",
-                        n.name, name, bad)
-            new_nodes += _inline(graph, n, decomps)
-            lowered.append(name)
-        todo = new_nodes
-    if lowered:
-        graph.eliminate_dead_code()
-        if isinstance(gm, fx.GraphModule):
-            gm.recompile()
     return lowered

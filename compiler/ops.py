@@ -460,20 +460,3 @@ def _(x):
     return torch.empty_like(x)
 
 
-# ------------------------------------------------------------------------------------------------ weight operands
-# op -> positions of its weight operands (a list operand: each of its weights): the tensors its kernels stream from
-# HBM. passes/insert_prefetch.py prefetches them; compiler/lowering.py checks that they are graph inputs where the
-# kernels load them early (codegen.render.early_weights).
-_k3 = torch.ops.k3fuse
-WEIGHT_ARGS = {
-    _k3.linear.default: (1,),
-    _k3.rms_norm_linear.default: (3,),
-    _k3.linear_group.default: (1,),
-    _k3.linear_group_situ.default: (1,),
-    _k3.linear_group_router.default: (1, 2),
-    _k3.linear_group_router_topk.default: (1, 2),
-    _k3.router_logits.default: (1,),
-    _k3.router_topk.default: (1,),
-    _k3.fused_residual_norm.default: (1,),
-    _k3.side_linear_situ.default: (1,),
-}

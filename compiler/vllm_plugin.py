@@ -31,11 +31,9 @@ def _build_class():
         return _built["K3FuseVllmPass"]
     _load_kernels()
     import torch.fx as fx
-    from torch._inductor.decomposition import select_decomp_table
     from vllm.compilation.passes.inductor_pass import InductorPass
 
     import k3fuse
-    from k3fuse.lowering import guard_early_weights
     from k3fuse.passes.base import PassContext
     from k3fuse.passes.canonicalize import Canonicalize
     from k3fuse.passes.canonicalize_vllm import CanonicalizeVllm, restore_vllm
@@ -68,8 +66,6 @@ def _build_class():
                 if isinstance(p, CanonicalizeVllm):
                     record["vllm_ops"] = dict(p.counts)
             record["restored"] = restore_vllm(graph)
-            # the early-weight kernels assume parameters (a computed weight takes the unfused path)
-            record["unfused_computed_weights"] = guard_early_weights(graph, select_decomp_table())
             graph.eliminate_dead_code()
             self.last = record
             self.history.append(record)

@@ -17,12 +17,25 @@ import networkx as nx
 import torch
 import torch.fx as fx
 
-from k3fuse.ops import WEIGHT_ARGS
-
 from .base import K3FusePass, PassContext
 
 k3 = torch.ops.k3fuse
 c10d = torch.ops._c10d_functional
+
+# op -> positions of its weight operands (placeholders read from HBM; a list operand: each of its weights)
+WEIGHT_ARGS = {
+    k3.linear.default: (1,),
+    k3.rms_norm_linear.default: (3,),
+    k3.linear_group.default: (1,),
+    k3.linear_group_situ.default: (1,),
+    k3.linear_group_router.default: (1, 2),
+    k3.linear_group_router_topk.default: (1, 2),
+    k3.router_logits.default: (1,),
+    k3.router_topk.default: (1,),
+    k3.fused_residual_norm.default: (1,),
+    k3.side_linear_situ.default: (1,),
+}
+
 
 def is_comm(n: fx.Node) -> bool:
     if n.op != "call_function":

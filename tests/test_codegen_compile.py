@@ -17,16 +17,6 @@ ARCHES = ["sm_90a", "sm_100a"]
 pytestmark = pytest.mark.usefixtures("isolated_kernel_cache")
 
 
-@pytest.fixture
-def wait_first(monkeypatch):
-    """K3FUSE_EARLY_WEIGHTS=0 (the default), whatever the environment says: the kernels load nothing before the PDL
-    wait (=1 loads the weights first: test_early_weights_loads_before_the_wait); kernel memos cleared around it."""
-    monkeypatch.setenv("K3FUSE_EARLY_WEIGHTS", "0")
-    kcompile.clear_memo()
-    yield
-    kcompile.clear_memo()
-
-
 def ptx_of(k):
     return open(k.files["kernel.ptx"]).read()
 
@@ -129,7 +119,7 @@ def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("K,nb,addend,prefix,pair", [(768, 2, False, True, True), (384, 8, True, True, True),
                                                      (1536, 0, True, False, False)])
-def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pair, monkeypatch, wait_first):
+def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pair, monkeypatch):
     """The one-launch kernel (M = 1): its weight and x loads 128-bit, ITERS x (RPW + 1) of them, all before the PDL
     trigger and after the wait; the column's sources loaded before the main loop; one fp32 reduction into the
     accumulators, one release arrival, one acquire poll with a nanosleep, no local memory; 128 CTAs x 8 warps x 7 rows
@@ -521,7 +511,7 @@ def _layer_kernel_sources():
     }
 
 
-def test_pdl_chain_knob_renders_wait_first(monkeypatch, wait_first):
+def test_pdl_chain_knob_renders_wait_first(monkeypatch):
     """PDL chain on (the default, or K3FUSE_PDL_CHAIN=1): every layer kernel launches with use_pdl and its body
     waits (griddepcontrol) before its first tensor access; the GEMVs trigger their dependents after their main loop
     (after the last weight load: _pdl_chain.jinja late_trigger), the other kernels before the wait, at their start;
@@ -550,7 +540,7 @@ def test_pdl_chain_knob_renders_wait_first(monkeypatch, wait_first):
 
 
 @pytest.mark.parametrize("arch", ["sm_90a"])
-def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch, wait_first):
+def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
     """The compiled layer kernels under K3FUSE_PDL_CHAIN=1: griddepcontrol.wait comes before the first global
     load or store of each kernel entry in the PTX (ptxas cannot move memory ops above it)."""
     import re
@@ -565,47 +555,3 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch, wait_first)
             assert wait >= 0 and (not mem or wait < min(mem)), name
             if name.startswith("gemv"):     # the late trigger: after every weight / x load of the main loop
                 assert entry.rfind("ld.global") < entry.find("griddepcontrol.launch_dependents"), name
-
-
-def test_early_weights_loads_before_the_wait(monkeypatch):
-    """K3FUSE_EARLY_WEIGHTS=1 (opt-in, with the PDL chain): in the PTX of the simt GEMV (plain, the router-first MoE
-    group with its selection) and the one-launch fused_residual_norm, the weight vectors (ITERS x rows per thread)
-    are the only global loads before griddepcontrol.wait, and x / the columns / the counters come after it; where a
-    thread would hold more than EARLY_WEIGHTS_MAX_VECTORS (the K = 1536 one-launch kernel) the kernel waits first, as
-    without the knob; without the knob every source renders as before."""
-    import re
-    from k3fuse.codegen import compile as kcompile
-    from k3fuse.codegen import gemv
-    from k3fuse.codegen import render as krender
-    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
-
-    def build_all():
-        kcompile.clear_memo()
-        try:
-            return dict(
-                gemv=(gemv.build(768, 7168, 1, {"variant": "simt", "R": 1, "W": 8}, arch="sm_90a", load=False), 4),
-                group=(gemv.build_group([896, 3584, 768], 7168, 1, {"variant": "simt", "R": 4, "W": 8}, arch="sm_90a",
-                                        load=False, situ=((2,), 4.0, 25.0), f32=(0,), topk=(0, 16, True, 2.5)), 16),
-                frn768=(frn.build_one(7168, 768, 2, False, True, False, 1e-6, 1e-5, True, arch="sm_90a", load=False),
-                        21),
-                frn1536=(frn.build_one(7168, 1536, 5, False, True, True, 1e-6, 1e-5, False, arch="sm_90a",
-                                       load=False), 0))
-        finally:
-            kcompile.clear_memo()
-
-    monkeypatch.setenv("K3FUSE_EARLY_WEIGHTS", "0")
-    off = build_all()
-    monkeypatch.setenv("K3FUSE_EARLY_WEIGHTS", "1")
-    on = build_all()
-    assert krender.EARLY_WEIGHTS_MAX_VECTORS < 6 * 7      # the K = 1536 kernel's 42 vectors per thread: not early
-    for name, (k, n_early) in on.items():
-        ptx = ptx_of(k)
-        wait = ptx.find("griddepcontrol.wait")
-        loads = [(m.start(), m.group(0)) for m in re.finditer(r"\bld\.global[.a-z0-9:_]*", ptx)]
-        before = [l for p, l in loads if p < wait]
-        assert len(before) == n_early and all(".v4." in l for l in before), (name, before)
-        assert len(loads) > n_early and "ld.local" not in ptx, name
-        assert ("EARLYW=True" in k.source) and (("wall = " in k.source) == (n_early > 0)), name
-        k0 = off[name][0]
-        assert "EARLYW" not in k0.source and ptx_of(k0).find("griddepcontrol.wait") < min(
-            m.start() for m in re.finditer(r"\bld\.global", ptx_of(k0))), name
