@@ -19,6 +19,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14            # K3FUSE_EARLY_WEIGHTS (since removed): tests, memcheck, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh ab K3FUSE_X=0,1   # paired A/B in one process (layer_ab.py)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14t           # e2e + README table + TP8, EW default
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s15            # the one-launch MLA attention
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
 #       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,
@@ -330,6 +331,14 @@ elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one kn
         > "$L/ab.txt" 2>&1
     echo "layer_ab $2 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab.txt" | tee -a "$S"
     cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
+elif [ "$part" = s15 ]; then      # the one-launch MLA attention: GPU tests, memcheck, paired layer A/B at M = 1 and 8
+    pytests mla 240 tests/test_mla_kernel_gpu.py
+    memcheck sanitizer_mla 150 tests/test_mla_kernel_gpu.py -k "one_launch and not graph and not splits and not 4096 and not 3000 and not 2048"
+    timeout 300 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MLA_ONE_KERNEL=0,1 --kinds mla --tp 16 --ms 1,8 \
+        --pairs 40 > "$L/ab.txt" 2>&1
+    echo "layer_ab MLA_ONE rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab.txt" | tee -a "$S"
+    cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s15.tgz" -C "$L" .
 elif [ "$part" = s14e ]; then     # end to end with EW 1 / 0 (argmax agreement against bf16's own noise); layer A/B round 4; TP8 EW 0
     for ew in 1 0; do
         K3FUSE_EARLY_WEIGHTS=$ew timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L/e2e$ew" --configs k3tp16 --ms 1,8 \
@@ -355,6 +364,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15)" >&2
     exit 2
 fi

@@ -139,7 +139,7 @@ def supports(h: int, n: int, v: int, r: int, C: int, tt: int = DEFAULT_TT) -> Op
 
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
-                    gate: bool = False, out_dtype="float32") -> dict:
+                    gate: bool = False, out_dtype="float32", one_g: Optional[int] = None) -> dict:
     hp = padded_heads(h)
     nch = (C + r) // 8
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
@@ -148,19 +148,21 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 QS=int(splits[0]), VS=int(splits[1]), NT1=QABSORB_THREADS, HOIST3=v // int(splits[1]) <= 32,
                 MAX_SPLITS=MAX_SPLITS,
                 APPEND=append_eps is not None,
-                EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype))
+                EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype),
+                ONE=one_g is not None, G=int(one_g or 0), TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=ONE_SPIN_NS)
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                   tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
-                  gate: bool = False, out_dtype="float32") -> str:
+                  gate: bool = False, out_dtype="float32", one_g: Optional[int] = None) -> str:
     """append_eps: the mla_append_attention_ variant (the cache append in qabsorb, with kv_a_layernorm's eps);
-    gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast)."""
-    why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C)
+    gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast); one_g: the
+    one-launch variant with that many CTAs (None: three launches)."""
+    why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C) or (one_g is not None and one_ok(v, splits, one_g))
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits, append_eps, gate,
-                                              out_dtype))
+                                              out_dtype, one_g))
 
 
 _built: dict = {}
@@ -168,23 +170,24 @@ _built: dict = {}
 
 def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
           q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True,
-          splits=DEFAULT_SPLITS, append_eps: Optional[float] = None, gate: bool = False, out_dtype="float32"):
+          splits=DEFAULT_SPLITS, append_eps: Optional[float] = None, gate: bool = False, out_dtype="float32",
+          one_g: Optional[int] = None):
     """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile, the append / gate
-    variant) and arch. The rendered source bakes every one of these, so the cache key (sha256 of source + arch)
-    covers them."""
+    variant, one launch of one_g CTAs or three) and arch. The rendered source bakes every one of these, so the cache
+    key (sha256 of source + arch) covers them."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     splits = tuple(int(x) for x in splits)
     eps = float(append_eps) if append_eps is not None else None
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
-            _dtname(out_dtype))
+            _dtname(out_dtype), one_g)
     if memo in _built:
         return _built[memo]
-    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype)
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g)
     op = OP_APPEND if eps is not None else OP
     meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
                 config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits),
-                            append_eps=eps, gate=bool(gate), out=_dtname(out_dtype)))
+                            append_eps=eps, gate=bool(gate), out=_dtname(out_dtype), one_launch_ctas=one_g))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
@@ -204,6 +207,69 @@ def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
     want = -(-2 * sms // max(M, 1))
     min_tiles = 1 if M == 1 else MIN_TILES_PER_SPLIT
     return max(1, min(want, -(-ntiles // min_tiles)))
+
+
+# The one-launch variant (ONE in the template): qabsorb, split and combine as phases of one kernel of G resident CTAs
+# with two grid barriers, at M <= ONE_MAX_M. K3FUSE_MLA_ONE_KERNEL=0 keeps three launches.
+ONE_MAX_G = 128         # CTAs (<= the SM count: one CTA per SM always fits, ~70 KB of shared memory, 256 threads)
+ONE_MAX_M = 8
+ONE_TIMEOUT_MS = 100    # a barrier this late (CTAs not co-resident) is an error, not a hang
+ONE_SPIN_NS = 64        # sleep between polls of the arrival counter (as the one-launch fused_residual_norm)
+
+
+def one_enabled() -> bool:
+    """K3FUSE_MLA_ONE_KERNEL (default 1): 0 keeps the three launches at every M. Read at each launch."""
+    import os
+    return os.environ.get("K3FUSE_MLA_ONE_KERNEL", "1") != "0"
+
+
+def one_grid(M: int, h: int, ns: int, splits) -> int:
+    """CTAs of the one-launch kernel: the largest phase's work items (qabsorb HP * QS * M, split NS * M, combine
+    h * VS * M), rounded up to a power of two, at most ONE_MAX_G (the phases then loop over their items)."""
+    qs, vs = splits
+    items = max(padded_heads(h) * qs * M, ns * M, h * vs * M)
+    return min(ONE_MAX_G, 1 << max(0, items - 1).bit_length())
+
+
+def one_ok(v: int, splits, G: int) -> Optional[str]:
+    """None if the one-launch variant compiles for v_head_dim v, these splits and G CTAs, else the reason."""
+    if G < 1 or G & (G - 1) or G > ONE_MAX_G:
+        return f"{G} CTAs (a power of two up to {ONE_MAX_G})"
+    if v % (8 * splits[1]):
+        return f"combine splits {splits[1]}: v={v} is not a multiple of 8 (warps of 256 threads) x {splits[1]}"
+    return None
+
+
+def one_reason(M: int, v: int, splits, G: int, sms: int) -> Optional[str]:
+    """None if this launch takes the one-launch variant, else why it takes three."""
+    if not one_enabled():
+        return "K3FUSE_MLA_ONE_KERNEL=0"
+    if M > ONE_MAX_M:
+        return f"M = {M} > {ONE_MAX_M}"
+    if sms < G:
+        return f"{sms} SMs < {G} CTAs (the grid barrier needs them all resident)"
+    return one_ok(v, splits, G)
+
+
+_one_state: dict = {}
+
+
+def one_state(device, G: int):
+    """The arrival counter (int32 [2]: arrivals, barrier timeouts) of the device's one-launch kernels of G CTAs:
+    one per G, because the base arithmetic needs every launch on a counter to add a multiple of its G. Launches on one
+    counter must run one after another (one stream)."""
+    import torch
+    key = (str(device), G)
+    st = _one_state.get(key)
+    if st is None:
+        st = _one_state[key] = torch.zeros(2, dtype=torch.int32, device=device)
+    return st
+
+
+def one_kernel_errors(device) -> int:
+    """Barrier timeouts of the device's one-launch MLA kernels so far (0 unless CTAs were not co-resident: those
+    outputs were wrong). Synchronizes the device."""
+    return sum(int(st[1].item()) for (d, _), st in _one_state.items() if d == str(device))
 
 
 def head_groups(h: int) -> int:
@@ -271,10 +337,11 @@ def _prep_q(t):
 
 
 def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None,
-                  splits=None, append=None, gate=None, out_dtype=None):
+                  splits=None, append=None, gate=None, out_dtype=None, one: Optional[bool] = None):
     """Launch the kernels (caller checked launch_ok(), and append_ok() for append / gate). Returns o [M, h, v] fp32
     (out_dtype if given). splits: (QS, VS), default splits_for(M, h). append: (ckv [M, C + r], kv_norm_w [C], eps): the
-    new token's row is written into the cache first (mla_append_attention_); gate [M, h * v]: o * sigmoid(gate)."""
+    new token's row is written into the cache first (mla_append_attention_); gate [M, h * v]: o * sigmoid(gate).
+    one: the one-launch variant (default: where one_reason() allows it; True forces it, so the caller checks)."""
     import torch
     M, h, n = q_nope.shape
     r = q_pe.shape[2]
@@ -285,11 +352,15 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     dev = cache.device
     splits = tuple(splits) if splits else fit_splits(n, v, C, splits_for(M, h))
     odt = out_dtype or torch.float32
-    kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
-                 append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt)
-    ns = n_split or n_splits(M, T, _sm_count(dev.index if dev.index is not None else torch.cuda.current_device()))
+    sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
+    ns = n_split or n_splits(M, T, sms)
     if not 1 <= ns <= MAX_SPLITS:
         raise ValueError(f"{ns} KV splits (the combine kernel takes 1..{MAX_SPLITS})")
+    if one is None:
+        one = one_reason(M, v, splits, one_grid(M, h, ns, splits), sms) is None
+    G = one_grid(M, h, ns, splits) if one else None
+    kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
+                 append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G)
     f32 = torch.float32
     qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)
@@ -304,6 +375,8 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
         extra += [_prep(append[0]), _prep(append[1])]
     if gate is not None:
         extra.append(_prep(gate).view(M, h, v))
+    if G is not None:
+        extra.append(one_state(dev, G))
     kern(qn, qp, cache, w, sl, qs, opart, ml, out, *extra)
     return out
 

@@ -354,3 +354,48 @@ def test_mla_append_gate_variant_compiles(arch, h, splits, isolated_kernel_cache
     # the plain kernel renders without any of it
     plain = ma.render_source(h, **K3, scale=SCALE, splits=splits)
     assert "mCkv" not in plain and "mG" not in plain and "ODT = Float32" in plain
+
+
+@pytest.mark.parametrize("arch,h,G,append", [("sm_90a", 6, 64, True), ("sm_100a", 6, 64, True),
+                                             ("sm_90a", 12, 128, False)])
+def test_mla_one_launch_compiles(arch, h, G, append, isolated_kernel_cache):
+    """The one-launch variant: a single entry, no local memory, the cache / W_UV L2 prefetches, two grid barriers
+    (a release arrival and an acquire poll each), and the same 16-byte cache and W_UK loads as the three kernels."""
+    pytest.importorskip("cutlass")
+    bf = "bfloat16"
+    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False, splits=(8, 8), one_g=G,
+                 append_eps=1e-6 if append else None, gate=append, out_dtype=bf if append else "float32")
+    ptx = open(k.files["kernel.ptx"]).read()
+    ks = entries(ptx)
+    assert list(ks) == ["one_kernel"], list(ks)
+    body = ks["one_kernel"]
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert count(body, r"cp\.async\.bulk\.prefetch\.L2") == 2
+    assert count(body, r"red\.release\.gpu\.global\.add\.s32") == 2
+    assert count(body, r"ld\.acquire\.gpu\.global\.b32") == 2
+    v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
+    hp, cr = ma.padded_heads(h), K3["C"] + K3["r"]
+    nld, nq = -(-ma.DEFAULT_TT * cr // 8 // ma.THREADS), -(-hp * cr // 4 // ma.THREADS)
+    assert count(body, v4) >= qabsorb_rows_per_thread(8) + nld + nq
+    src = open(k.files["kernel.py"]).read()
+    assert f"G = {G} " in src and "grid=[G, 1, 1]" in src and "NT3 = 256" in src
+
+
+def test_mla_one_launch_grid_and_reasons(monkeypatch):
+    """one_grid: the largest phase's items rounded up to a power of two, at most ONE_MAX_G; one_reason: the knob, M,
+    the SM count and the combine's warp tiling, each with its reason; the fallback keeps three launches."""
+    monkeypatch.delenv("K3FUSE_MLA_ONE_KERNEL", raising=False)
+    assert ma.one_grid(1, 6, 32, (8, 8)) == 64          # qabsorb 6 x 8 = combine 6 x 8 = 48 items, split 32
+    assert ma.one_grid(1, 6, 16, (1, 1)) == 16
+    assert ma.one_grid(1, 12, 32, (8, 8)) == 128        # 96 items
+    assert ma.one_grid(8, 6, 16, (32, 8)) == ma.ONE_MAX_G
+    assert ma.one_grid(1, 1, 1, (1, 1)) == 2            # HP = 2: a power of two (1 is 2^0, also fine)
+    assert ma.one_reason(1, 128, (8, 8), 64, 132) is None
+    assert ma.one_reason(ma.ONE_MAX_M + 1, 128, (8, 8), 64, 132).startswith("M = ")
+    assert "SMs" in ma.one_reason(1, 128, (8, 8), 128, 100)
+    assert "multiple of 8" in ma.one_reason(1, 128, (8, 32), 64, 132)
+    assert "power of two" in ma.one_ok(128, (8, 8), 96)
+    monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "0")
+    assert ma.one_reason(1, 128, (8, 8), 64, 132) == "K3FUSE_MLA_ONE_KERNEL=0"
+    with pytest.raises(ValueError, match="multiple of 8"):
+        ma.render_source(6, **K3, scale=SCALE, splits=(8, 32), one_g=64)

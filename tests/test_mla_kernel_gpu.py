@@ -47,13 +47,13 @@ def reference(q_nope, q_pe, cache, kv_b, seq_lens, scale):
     return ops.mla_attention._init_fn(q_nope, q_pe, clean, kv_b, seq_lens, scale)
 
 
-def run_kernel(args, n_split=None):
+def run_kernel(args, n_split=None, one=None):
     from k3fuse.codegen import mla_attention as ma
     q_nope, _, _, kv_b, _ = args
     M, h, _ = q_nope.shape
     assert ma.launch_ok(*args) is None
     o = torch.full((M, h, V), float("nan"), device="cuda")
-    ma.mla_attention(*args, SCALE, out=o, n_split=n_split)
+    ma.mla_attention(*args, SCALE, out=o, n_split=n_split, one=one)
     return o
 
 
@@ -66,20 +66,26 @@ CASES = [  # (M, T, seq_lens)
 
 @pytest.mark.parametrize("M,T,seq_lens", CASES)
 @pytest.mark.parametrize("h", [6, 12])
-def test_mla_matches_reference(M, T, seq_lens, h, seed):
+@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
+def test_mla_matches_reference(M, T, seq_lens, h, one, seed):
+    from k3fuse.codegen import mla_attention as ma
     args = inputs(M, h, T, seq_lens)
     cache0 = args[2].clone()
-    o = run_kernel(args)
+    errs = ma.one_kernel_errors("cuda:0")
+    o = run_kernel(args, one=one)
     torch.cuda.synchronize()
+    assert ma.one_kernel_errors("cuda:0") == errs, "a grid barrier timed out"
     assert torch.equal(args[2].view(torch.int16), cache0.view(torch.int16)), "the kernel wrote its input cache"  # bitwise: the garbage has NaN
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
 
 @pytest.mark.parametrize("n_split", [1, 2, 7, 64])
-def test_mla_split_counts(n_split, seed):
-    """Any split count gives the same answer (empty splits included: 64 splits of 40 tiles)."""
+@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
+def test_mla_split_counts(n_split, one, seed):
+    """Any split count gives the same answer (empty splits included: 64 splits of 40 tiles; in one launch, 3 x 64
+    split items over 128 CTAs: two per CTA)."""
     args = inputs(3, 12, 1280, [1279, 300, 0])
-    o = run_kernel(args, n_split)
+    o = run_kernel(args, n_split, one=one)
     torch.cuda.synchronize()
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
@@ -110,15 +116,19 @@ def test_mla_cuda_impl_and_fallback(seed):
     assert torch.equal(ma.mla_attention_cuda(*small, SCALE), ops.mla_attention._init_fn(*small, SCALE))
 
 
-@pytest.mark.parametrize("splits", [(1, 1), (2, 2), (4, 8), (16, 32), (32, 8), (8, 32)])
+@pytest.mark.parametrize("splits", [(1, 1), (2, 2), (4, 8), (16, 32), (32, 8), (8, 32), (8, 16)])
 @pytest.mark.parametrize("M,T,seq_lens", [CASES[1], CASES[5], CASES[8]])
-def test_mla_splits_match_reference(splits, M, T, seq_lens, seed):
+@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
+def test_mla_splits_match_reference(splits, M, T, seq_lens, one, seed):
     """QS qabsorb column splits / VS combine splits (mla_attention.SPLITS_BY_BUCKET), the W_UV loads hoisted (VS >=
-    4) or not: the same answer as the reference."""
+    4) or not: the same answer as the reference; in one launch too, where v = 128 is a multiple of 8 x VS (phases
+    with one to several items per CTA)."""
     from k3fuse.codegen import mla_attention as ma
+    if one and ma.one_ok(V, splits, 64):
+        pytest.skip(ma.one_ok(V, splits, 64))
     args = inputs(M, 6, T, seq_lens)
     o = torch.full((M, 6, V), float("nan"), device="cuda")
-    ma.mla_attention(*args, SCALE, out=o, splits=splits)
+    ma.mla_attention(*args, SCALE, out=o, splits=splits, one=one)
     torch.cuda.synchronize()
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
@@ -233,3 +243,79 @@ def test_mla_append_attention_op_in_a_cuda_graph(seed):
         torch.cuda.synchronize()
         assert rel(out, ref) < 1e-2, step
         assert rel(cache, ref_cache) < 1e-2 and rel(cache[torch.arange(M), sl], ref_cache[torch.arange(M), sl]) < 1e-2
+
+
+def test_mla_one_launch_counters_across_grids_and_graphs(seed):
+    """The one-launch kernel's grid barrier across launches of different G (M = 1: 64 CTAs, M = 8: 128, n_split = 2:
+    32) interleaved, eager and replayed from a CUDA graph, 40 launches in all: every output matches the reference,
+    no barrier timed out, and each G's arrival counter advanced by exactly 2 G per launch."""
+    from k3fuse.codegen import mla_attention as ma
+    h, T = 6, 1001
+    cases = {}
+    for name, M, ns in (("m1", 1, None), ("m8", 8, None), ("m1ns2", 1, 2)):
+        args = inputs(M, h, T, torch.randint(0, T, (M,)).tolist())
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        n = ns or ma.n_splits(M, T, sms)
+        G = ma.one_grid(M, h, n, ma.fit_splits(N, V, C, ma.splits_for(M, h)))
+        cases[name] = (args, ns, G)
+    assert sorted({c[2] for c in cases.values()}) == [32, 64, 128]
+    refs = {k: reference(*c[0], SCALE) for k, c in cases.items()}
+    errs0 = ma.one_kernel_errors("cuda:0")
+    outs = {k: torch.empty(c[0][0].shape[0], h, V, device="cuda") for k, c in cases.items()}
+    for k, (args, ns, _) in cases.items():                  # build + the counters exist before capture
+        ma.mla_attention(*args, SCALE, out=outs[k], n_split=ns, one=True)
+    torch.cuda.synchronize()
+    start = {G: int(ma.one_state("cuda:0", G)[0].item()) for _, _, G in cases.values()}
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ma.mla_attention(*cases["m1"][0], SCALE, out=outs["m1"], one=True)
+    launches = {G: 0 for G in start}
+    for i in range(10):
+        for k in ("m8", "m1ns2"):
+            outs[k].fill_(float("nan"))
+            args, ns, G = cases[k]
+            ma.mla_attention(*args, SCALE, out=outs[k], n_split=ns, one=True)
+            launches[G] += 1
+        outs["m1"].fill_(float("nan"))
+        g.replay()
+        launches[cases["m1"][2]] += 1
+        torch.cuda.synchronize()
+        for k in outs:
+            assert rel(outs[k], refs[k]) < 1e-2, (i, k)
+    for k, (args, ns, G) in cases.items():
+        ma.mla_attention(*args, SCALE, out=outs[k], n_split=ns, one=True)
+        launches[G] += 1
+    torch.cuda.synchronize()
+    assert ma.one_kernel_errors("cuda:0") == errs0
+    for G, n in launches.items():
+        assert int(ma.one_state("cuda:0", G)[0].item()) - start[G] == 2 * G * n, G
+
+
+@pytest.mark.parametrize("M,T,seq_lens", [(1, 2000, [1234]), (8, 257, [256, 0, 1, 31, 32, 33, 200, 128])])
+def test_mla_one_launch_append_gate_matches_three(M, T, seq_lens, seed):
+    """mla_append_attention_'s variant (the append in phase 1, the gate in phase 3) in one launch against the three
+    launches on the same inputs: the same appended row (bitwise) and o within 1e-2 (bf16)."""
+    from k3fuse.codegen import mla_attention as ma
+    bf = torch.bfloat16
+    h = 6
+    qn, qp, cache, kv_b, sl = inputs(M, h, T, seq_lens)
+    ckv = (torch.randn(M, C + R, device="cuda") * 3).to(bf)
+    nw = (torch.rand(C, device="cuda") + 0.5).to(bf)
+    gate = torch.randn(M, h * V, device="cuda").to(bf)
+    outs, caches = [], []
+    for one in (False, True):
+        c = cache.clone()
+        o = torch.full((M, h, V), float("nan"), device="cuda", dtype=bf)
+        ma.mla_attention(qn, qp, c, kv_b, sl, SCALE, out=o, append=(ckv, nw, 1e-6), gate=gate, out_dtype=bf, one=one)
+        outs.append(o)
+        caches.append(c)
+    torch.cuda.synchronize()
+    assert torch.equal(caches[0].view(torch.int16), caches[1].view(torch.int16))
+    rows = torch.arange(M, device="cuda")
+    clean = caches[1].clone()
+    for m in range(M):
+        clean[m, int(sl[m]) + 1:] = 0
+    from k3fuse import ops
+    ref = ops.mla_attention._init_fn(qn, qp, clean, kv_b, sl, SCALE) * torch.sigmoid(gate.float().view(M, h, V))
+    assert rel(outs[1], ref) < 1e-2 and rel(outs[0], ref) < 1e-2
+    assert not torch.equal(caches[1][rows, sl].view(torch.int16), cache[rows, sl].view(torch.int16))
