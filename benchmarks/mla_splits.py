@@ -1,7 +1,8 @@
 """Check and time the MLA decode kernels' split configurations (codegen/mla_attention.py DEFAULT_SPLITS): QS splits
-of the qabsorb kernel over W_UK's rows, VS splits of the combine kernel over W_UV's rows.
+of the qabsorb kernel over W_UK's columns, VS splits of the combine kernel over W_UV's rows; --one: three launches
+(0), the one-launch variant (1), the one-launch variant without its L2 prefetch (2), keyed QSxVS@1 / @2.
 
-    python3 benchmarks/mla_splits.py --out DIR [--heads 6,12] [--ms 1,8,64] [--context 1024]
+    python3 benchmarks/mla_splits.py --out DIR [--heads 6,12] [--ms 1,8,64] [--context 1024] [--one 0,1,2]
 
 Per (heads per rank, M): every candidate's output against the ops.py reference (rel err < 1e-2, output NaN-poisoned
 before each check), then the three launches timed in a CUDA graph over enough copies of (kv_b, cache) to exceed the
@@ -34,7 +35,9 @@ def main():
     ap.add_argument("--splits", default="", help="only these QSxVS candidates, e.g. 16x32,8x8")
     ap.add_argument("--kv-splits", default="0", help="KV split counts of the split kernel to try (0: the launcher's "
                                                      "n_splits(); others are keyed QSxVS/ns)")
+    ap.add_argument("--one", default="0", help="0 three launches, 1 one launch, 2 one launch without the prefetch")
     args = ap.parse_args()
+    ones = [int(v) for v in args.one.split(",")]
     cands = [tuple(int(v) for v in c.split("x")) for c in args.splits.split(",")] if args.splits else CANDIDATES
     kvs = [int(v) for v in args.kv_splits.split(",")]
     from k3fuse import ops
@@ -55,22 +58,24 @@ def main():
             floor_us = per_copy / bw * 1e6
             out = torch.empty(M, h, V, device="cuda")
             row = dict(h=h, M=M, copies=copies, floor_us=round(floor_us, 2), us={}, rel_err={}, errors={})
-            for sp, ns in [(sp, ns) for sp in cands for ns in kvs]:
-                key = f"{sp[0]}x{sp[1]}" + (f"/{ns}" if ns else "")
+            for sp, ns, one in [(sp, ns, one) for sp in cands for ns in kvs for one in ones]:
+                key = f"{sp[0]}x{sp[1]}" + (f"/{ns}" if ns else "") + (f"@{one}" if one else "")
                 ns = ns or None
-                if ma.splits_ok(N, V, sp, C):
+                if ma.splits_ok(N, V, sp, C) or (one and ma.one_ok(V, sp, 64)):
                     continue
+                os.environ["K3FUSE_MLA_ONE_PREFETCH"] = "0" if one == 2 else "1"
+                one = bool(one)
                 try:
                     out.fill_(float("nan"))
                     ma.mla_attention(q[..., :N], q[..., N:], data[0][1], data[0][0], sl, SCALE, out=out, splits=sp,
-                                     n_split=ns)
+                                     n_split=ns, one=one)
                     torch.cuda.synchronize()
                     row["rel_err"][key] = rel_err(out, ref.double())
                     if not row["rel_err"][key] < 1e-2:
                         raise AssertionError(f"rel err {row['rel_err'][key]}")
                     row["us"][key] = round(graph_time(
                         lambda i: ma.mla_attention(q[..., :N], q[..., N:], data[i % copies][1], data[i % copies][0],
-                                                   sl, SCALE, out=out, splits=sp, n_split=ns), 2 * copies,
+                                                   sl, SCALE, out=out, splits=sp, n_split=ns, one=one), 2 * copies,
                         10)[0], 2)
                 except Exception as e:
                     row["errors"][key] = f"{type(e).__name__}: {e}"[:300]

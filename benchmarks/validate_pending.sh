@@ -339,6 +339,12 @@ elif [ "$part" = s15 ]; then      # the one-launch MLA attention: GPU tests, mem
     echo "layer_ab MLA_ONE rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab.txt" | tee -a "$S"
     cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s15.tgz" -C "$L" .
+elif [ "$part" = s15b ]; then     # the one-launch MLA attention alone: counters test, 3 vs 1 launch (with / without prefetch)
+    pytests mla_one 120 tests/test_mla_kernel_gpu.py -k "one_launch_counters or one_launch_append"
+    timeout 300 python3 benchmarks/mla_splits.py --out "$L" --heads 6 --ms 1,2,8 --context 1001 \
+        --splits 8x8,1x1,2x2,4x4,2x4,4x8,32x8 --one 0,1,2 > "$L/ms.txt" 2>&1
+    echo "mla_splits rc=$?" | tee -a "$S"; grep -E '"us"' "$L/ms.txt" | sed 's/, "rel_err".*//' | tee -a "$S"
+    cp "$L"/mla_splits.json "$OUT/" 2>/dev/null
 elif [ "$part" = s14e ]; then     # end to end with EW 1 / 0 (argmax agreement against bf16's own noise); layer A/B round 4; TP8 EW 0
     for ew in 1 0; do
         K3FUSE_EARLY_WEIGHTS=$ew timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L/e2e$ew" --configs k3tp16 --ms 1,8 \
@@ -364,6 +370,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b)" >&2
     exit 2
 fi

@@ -149,7 +149,8 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 MAX_SPLITS=MAX_SPLITS,
                 APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype),
-                ONE=one_g is not None, G=int(one_g or 0), TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=ONE_SPIN_NS)
+                ONE=one_g is not None, G=int(one_g or 0), TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=ONE_SPIN_NS,
+                PREFETCH=one_g is not None and one_prefetch())
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
@@ -180,7 +181,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     splits = tuple(int(x) for x in splits)
     eps = float(append_eps) if append_eps is not None else None
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
-            _dtname(out_dtype), one_g)
+            _dtname(out_dtype), one_g, one_g is not None and one_prefetch())
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g)
@@ -221,6 +222,13 @@ def one_enabled() -> bool:
     """K3FUSE_MLA_ONE_KERNEL (default 1): 0 keeps the three launches at every M. Read at each launch."""
     import os
     return os.environ.get("K3FUSE_MLA_ONE_KERNEL", "1") != "0"
+
+
+def one_prefetch() -> bool:
+    """K3FUSE_MLA_ONE_PREFETCH (default 1): the one-launch kernel's L2 prefetch of each CTA's cache rows and W_UV rows
+    at its start. Read when a kernel is rendered (the memo keys on it)."""
+    import os
+    return os.environ.get("K3FUSE_MLA_ONE_PREFETCH", "1") != "0"
 
 
 def one_grid(M: int, h: int, ns: int, splits) -> int:

@@ -246,24 +246,24 @@ def test_mla_append_attention_op_in_a_cuda_graph(seed):
 
 
 def test_mla_one_launch_counters_across_grids_and_graphs(seed):
-    """The one-launch kernel's grid barrier across launches of different G (M = 1: 64 CTAs, M = 8: 128, n_split = 2:
-    32) interleaved, eager and replayed from a CUDA graph, 40 launches in all: every output matches the reference,
-    no barrier timed out, and each G's arrival counter advanced by exactly 2 G per launch."""
+    """The one-launch kernel's grid barrier across launches of different G (M = 1: 64 CTAs, M = 8: 128, M = 1 with
+    n_split = 2 and splits 1 x 1: 8) interleaved, eager and replayed from a CUDA graph, 40 launches in all: every
+    output matches the reference, no barrier timed out, and each G's arrival counter advanced by exactly 2 G per
+    launch."""
     from k3fuse.codegen import mla_attention as ma
     h, T = 6, 1001
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     cases = {}
-    for name, M, ns in (("m1", 1, None), ("m8", 8, None), ("m1ns2", 1, 2)):
+    for name, M, ns, sp in (("m1", 1, None, None), ("m8", 8, None, None), ("m1ns2", 1, 2, (1, 1))):
         args = inputs(M, h, T, torch.randint(0, T, (M,)).tolist())
-        sms = torch.cuda.get_device_properties(0).multi_processor_count
-        n = ns or ma.n_splits(M, T, sms)
-        G = ma.one_grid(M, h, n, ma.fit_splits(N, V, C, ma.splits_for(M, h)))
-        cases[name] = (args, ns, G)
-    assert sorted({c[2] for c in cases.values()}) == [32, 64, 128]
+        G = ma.one_grid(M, h, ns or ma.n_splits(M, T, sms), sp or ma.fit_splits(N, V, C, ma.splits_for(M, h)))
+        cases[name] = (args, dict(n_split=ns, splits=sp), G)
+    assert sorted({c[2] for c in cases.values()}) == [8, 64, 128]
     refs = {k: reference(*c[0], SCALE) for k, c in cases.items()}
     errs0 = ma.one_kernel_errors("cuda:0")
     outs = {k: torch.empty(c[0][0].shape[0], h, V, device="cuda") for k, c in cases.items()}
-    for k, (args, ns, _) in cases.items():                  # build + the counters exist before capture
-        ma.mla_attention(*args, SCALE, out=outs[k], n_split=ns, one=True)
+    for k, (args, kw, _) in cases.items():                  # build + the counters exist before capture
+        ma.mla_attention(*args, SCALE, out=outs[k], one=True, **kw)
     torch.cuda.synchronize()
     start = {G: int(ma.one_state("cuda:0", G)[0].item()) for _, _, G in cases.values()}
     g = torch.cuda.CUDAGraph()
@@ -273,8 +273,8 @@ def test_mla_one_launch_counters_across_grids_and_graphs(seed):
     for i in range(10):
         for k in ("m8", "m1ns2"):
             outs[k].fill_(float("nan"))
-            args, ns, G = cases[k]
-            ma.mla_attention(*args, SCALE, out=outs[k], n_split=ns, one=True)
+            args, kw, G = cases[k]
+            ma.mla_attention(*args, SCALE, out=outs[k], one=True, **kw)
             launches[G] += 1
         outs["m1"].fill_(float("nan"))
         g.replay()
@@ -282,8 +282,8 @@ def test_mla_one_launch_counters_across_grids_and_graphs(seed):
         torch.cuda.synchronize()
         for k in outs:
             assert rel(outs[k], refs[k]) < 1e-2, (i, k)
-    for k, (args, ns, G) in cases.items():
-        ma.mla_attention(*args, SCALE, out=outs[k], n_split=ns, one=True)
+    for k, (args, kw, G) in cases.items():
+        ma.mla_attention(*args, SCALE, out=outs[k], one=True, **kw)
         launches[G] += 1
     torch.cuda.synchronize()
     assert ma.one_kernel_errors("cuda:0") == errs0
