@@ -76,6 +76,15 @@ def _dtname(dtype) -> str:
     return {"bfloat16": "BFloat16", "float32": "Float32", "BFloat16": "BFloat16", "Float32": "Float32"}[s]
 
 
+def score_hpt(hp: int, tt: int = DEFAULT_TT) -> int:
+    """Heads per thread in the split kernel's score step: K3FUSE_MLA_SCORE_HPT if set (a measurement knob), else
+    the fewest that cover HP heads with THREADS / TT token groups; never fewer than that. Read when a kernel is
+    rendered (the memo keys on it)."""
+    import os
+    least = -(-hp // (THREADS // tt))
+    return max(least, int(os.environ.get("K3FUSE_MLA_SCORE_HPT", "0")) or least)
+
+
 def padded_heads(h: int) -> int:
     return -(-h // HG) * HG
 
@@ -143,7 +152,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
     hp = padded_heads(h)
     nch = (C + r) // 8
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
-    return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HG=HG, HH=hp // HG,
+    return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HPT=score_hpt(hp, tt), HG=HG, HH=hp // HG,
                 CPT=C // (THREADS // HG), UNROLL_S=unroll, LDG=LOADS_IN_FLIGHT, SCALE=repr(float(scale)), QDT=_dtname(q_dtype),
                 QS=int(splits[0]), VS=int(splits[1]), NT1=QABSORB_THREADS, HOIST3=v // int(splits[1]) <= 32,
                 MAX_SPLITS=MAX_SPLITS,
@@ -181,7 +190,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     splits = tuple(int(x) for x in splits)
     eps = float(append_eps) if append_eps is not None else None
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
-            _dtname(out_dtype), one_g, one_g is not None and one_prefetch())
+            _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt))
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g)
