@@ -37,7 +37,9 @@ def main():
                                                      "n_splits(); others are keyed QSxVS/ns)")
     ap.add_argument("--one", default="0", help="0 three launches, 1 one launch, 2 one launch without the prefetch")
     ap.add_argument("--hpt", default="0", help="score heads per thread (K3FUSE_MLA_SCORE_HPT; 0: the default)")
+    ap.add_argument("--pipe", default="", help="K3FUSE_MLA_PIPE values to try, e.g. 0,1 (keyed ~0 / ~1; default: as set)")
     args = ap.parse_args()
+    pipes = args.pipe.split(",") if args.pipe else [None]
     ones = [int(v) for v in args.one.split(",")]
     hpts = [int(v) for v in args.hpt.split(",")]
     cands = [tuple(int(v) for v in c.split("x")) for c in args.splits.split(",")] if args.splits else CANDIDATES
@@ -60,10 +62,13 @@ def main():
             floor_us = per_copy / bw * 1e6
             out = torch.empty(M, h, V, device="cuda")
             row = dict(h=h, M=M, copies=copies, floor_us=round(floor_us, 2), us={}, rel_err={}, errors={})
-            for sp, ns, one, hpt in [(sp, ns, one, hpt) for sp in cands for ns in kvs for one in ones for hpt in hpts]:
+            for sp, ns, one, hpt, pipe in [(sp, ns, one, hpt, pipe) for sp in cands for ns in kvs for one in ones
+                                           for hpt in hpts for pipe in pipes]:
                 key = f"{sp[0]}x{sp[1]}" + (f"/{ns}" if ns else "") + (f"@{one}" if one else "") + \
-                    (f"#{hpt}" if hpt else "")
+                    (f"#{hpt}" if hpt else "") + (f"~{pipe}" if pipe is not None else "")
                 os.environ["K3FUSE_MLA_SCORE_HPT"] = str(hpt)
+                if pipe is not None:
+                    os.environ["K3FUSE_MLA_PIPE"] = pipe
                 ns = ns or None
                 if ma.splits_ok(N, V, sp, C) or (one and ma.one_ok(V, sp, 64)):
                     continue

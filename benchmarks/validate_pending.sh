@@ -345,6 +345,21 @@ elif [ "$part" = s15b ]; then     # the one-launch MLA attention alone: counters
         --splits 8x8,2x2,32x8 --one 0,1,2 --hpt 0,2,3 > "$L/ms.txt" 2>&1
     echo "mla_splits rc=$?" | tee -a "$S"; grep -E '"us"' "$L/ms.txt" | sed 's/, "rel_err".*//' | tee -a "$S"
     cp "$L"/mla_splits.json "$OUT/" 2>/dev/null
+elif [ "$part" = s15c ]; then     # the split kernel's tile pipeline: GPU tests, kernels alone, paired layer A/Bs, e2e + README table
+    pytests mla 200 tests/test_mla_kernel_gpu.py
+    timeout 120 python3 benchmarks/mla_splits.py --out "$L" --heads 6,12 --ms 1,8 --context 1001 --splits 8x8,32x8 \
+        --pipe 0,1 > "$L/ms.txt" 2>&1
+    echo "mla_splits rc=$?" | tee -a "$S"; grep -E '"us"' "$L/ms.txt" | sed 's/, "rel_err".*//' | tee -a "$S"
+    cp "$L"/mla_splits.json "$OUT/" 2>/dev/null
+    timeout 150 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MLA_PIPE=0,1 --kinds mla --tp 16 --ms 1,8 \
+        --pairs 40 --tag _pipe > "$L/ab_pipe.txt" 2>&1
+    echo "layer_ab MLA_PIPE rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_pipe.txt" | tee -a "$S"
+    timeout 90 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MLA_ONE_KERNEL=0,1 --kinds mla --tp 16 --ms 1 \
+        --pairs 40 --tag _one > "$L/ab_one.txt" 2>&1
+    echo "layer_ab MLA_ONE rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_one.txt" | tee -a "$S"
+    cp "$L"/layer_ab_*.json "$OUT/" 2>/dev/null
+    e2e_and_table 90 170
+    tar czf "$OUT/logs_s15c.tgz" -C "$L" .
 elif [ "$part" = s14e ]; then     # end to end with EW 1 / 0 (argmax agreement against bf16's own noise); layer A/B round 4; TP8 EW 0
     for ew in 1 0; do
         K3FUSE_EARLY_WEIGHTS=$ew timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L/e2e$ew" --configs k3tp16 --ms 1,8 \
@@ -370,6 +385,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c)" >&2
     exit 2
 fi

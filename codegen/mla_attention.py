@@ -85,6 +85,15 @@ def score_hpt(hp: int, tt: int = DEFAULT_TT) -> int:
     return max(least, int(os.environ.get("K3FUSE_MLA_SCORE_HPT", "0")) or least)
 
 
+def pipe_tiles() -> bool:
+    """K3FUSE_MLA_PIPE (default 1): the split kernel loads tile i + 1 into registers while it works on tile i (and
+    the first tile before the queries), where a tile is one round of loads (NLD <= LDG) and the grid fits one CTA
+    per SM (the registers: 148 at h = 12 against <= 128 without, two CTAs per SM). Read at each launch (the memo
+    keys on the choice)."""
+    import os
+    return os.environ.get("K3FUSE_MLA_PIPE", "1") != "0"
+
+
 def padded_heads(h: int) -> int:
     return -(-h // HG) * HG
 
@@ -148,11 +157,13 @@ def supports(h: int, n: int, v: int, r: int, C: int, tt: int = DEFAULT_TT) -> Op
 
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
-                    gate: bool = False, out_dtype="float32", one_g: Optional[int] = None) -> dict:
+                    gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False) -> dict:
     hp = padded_heads(h)
     nch = (C + r) // 8
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
-    return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HPT=score_hpt(hp, tt), HG=HG, HH=hp // HG,
+    nld = -(-tt * nch // THREADS)
+    return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HPT=score_hpt(hp, tt),
+                PIPE=bool(pipe) and nld <= LOADS_IN_FLIGHT, HG=HG, HH=hp // HG,
                 CPT=C // (THREADS // HG), UNROLL_S=unroll, LDG=LOADS_IN_FLIGHT, SCALE=repr(float(scale)), QDT=_dtname(q_dtype),
                 QS=int(splits[0]), VS=int(splits[1]), NT1=QABSORB_THREADS, HOIST3=v // int(splits[1]) <= 32,
                 MAX_SPLITS=MAX_SPLITS,
@@ -164,15 +175,15 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                   tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
-                  gate: bool = False, out_dtype="float32", one_g: Optional[int] = None) -> str:
+                  gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False) -> str:
     """append_eps: the mla_append_attention_ variant (the cache append in qabsorb, with kv_a_layernorm's eps);
     gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast); one_g: the
-    one-launch variant with that many CTAs (None: three launches)."""
+    one-launch variant with that many CTAs (None: three launches); pipe: the split kernel's tile pipeline."""
     why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C) or (one_g is not None and one_ok(v, splits, one_g))
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits, append_eps, gate,
-                                              out_dtype, one_g))
+                                              out_dtype, one_g, pipe))
 
 
 _built: dict = {}
@@ -181,7 +192,7 @@ _built: dict = {}
 def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
           q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True,
           splits=DEFAULT_SPLITS, append_eps: Optional[float] = None, gate: bool = False, out_dtype="float32",
-          one_g: Optional[int] = None):
+          one_g: Optional[int] = None, pipe: bool = False):
     """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile, the append / gate
     variant, one launch of one_g CTAs or three) and arch. The rendered source bakes every one of these, so the cache
     key (sha256 of source + arch) covers them."""
@@ -190,14 +201,16 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     splits = tuple(int(x) for x in splits)
     eps = float(append_eps) if append_eps is not None else None
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
-            _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt))
+            _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
+            bool(pipe))
     if memo in _built:
         return _built[memo]
-    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g)
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe)
     op = OP_APPEND if eps is not None else OP
     meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
                 config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits),
-                            append_eps=eps, gate=bool(gate), out=_dtname(out_dtype), one_launch_ctas=one_g))
+                            append_eps=eps, gate=bool(gate), out=_dtname(out_dtype), one_launch_ctas=one_g,
+                            pipe=bool(pipe)))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
@@ -220,7 +233,10 @@ def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
 
 
 # The one-launch variant (ONE in the template): qabsorb, split and combine as phases of one kernel of G resident CTAs
-# with two grid barriers, at M <= ONE_MAX_M. K3FUSE_MLA_ONE_KERNEL=0 keeps three launches.
+# with two grid barriers, at M <= ONE_MAX_M; opt-in (K3FUSE_MLA_ONE_KERNEL=1): measured on the H200 (2026-12-02,
+# RESULTS.md "Session 15") slower than the three PDL-chained launches, whose launch boundaries cost about what a grid
+# barrier does: MLA layer TP16 +1.1 us at M = 1, +16 us at M = 8 (layer_ab.py); the three kernels alone (context
+# 1001, h = 6) 13.5 us vs 15.0-15.4 at M = 1, 22.2 vs 26.0-37.6 at M = 8 (mla_splits.py --one).
 ONE_MAX_G = 128         # CTAs (<= the SM count: one CTA per SM always fits, ~70 KB of shared memory, 256 threads)
 ONE_MAX_M = 8
 ONE_TIMEOUT_MS = 100    # a barrier this late (CTAs not co-resident) is an error, not a hang
@@ -228,9 +244,10 @@ ONE_SPIN_NS = 64        # sleep between polls of the arrival counter (as the one
 
 
 def one_enabled() -> bool:
-    """K3FUSE_MLA_ONE_KERNEL (default 1): 0 keeps the three launches at every M. Read at each launch."""
+    """K3FUSE_MLA_ONE_KERNEL (default 0): 1 takes the one-launch variant where one_reason() allows it. Read at each
+    launch."""
     import os
-    return os.environ.get("K3FUSE_MLA_ONE_KERNEL", "1") != "0"
+    return os.environ.get("K3FUSE_MLA_ONE_KERNEL", "0") == "1"
 
 
 def one_prefetch() -> bool:
@@ -260,7 +277,7 @@ def one_ok(v: int, splits, G: int) -> Optional[str]:
 def one_reason(M: int, v: int, splits, G: int, sms: int) -> Optional[str]:
     """None if this launch takes the one-launch variant, else why it takes three."""
     if not one_enabled():
-        return "K3FUSE_MLA_ONE_KERNEL=0"
+        return "K3FUSE_MLA_ONE_KERNEL is not 1"
     if M > ONE_MAX_M:
         return f"M = {M} > {ONE_MAX_M}"
     if sms < G:
@@ -376,8 +393,10 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     if one is None:
         one = one_reason(M, v, splits, one_grid(M, h, ns, splits), sms) is None
     G = one_grid(M, h, ns, splits) if one else None
+    pipe = pipe_tiles() and (G or M * ns) <= sms                 # one CTA per SM is enough for the grid
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
-                 append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G)
+                 append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G,
+                 pipe=pipe)
     f32 = torch.float32
     qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)

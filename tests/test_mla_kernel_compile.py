@@ -29,15 +29,21 @@ def count(body, pat):
     return len(re.findall(pat, body))
 
 
+def pipelined(nld, pipe=True):
+    """The split kernel's tile pipeline (one round of loads per tile) is rendered."""
+    return pipe and nld <= ma.LOADS_IN_FLIGHT
+
+
 def qabsorb_rows_per_thread(qs, n=K3["n"], C=K3["C"]):
     """W_UK rows per qabsorb thread: C / QS columns = CH 16-byte chunks, 256 / CH n-groups over the n rows."""
     return n // (ma.QABSORB_THREADS // (C // 8 // qs))
 
 
-@pytest.mark.parametrize("arch,h", [("sm_90a", 12), ("sm_100a", 12), ("sm_90a", 6)])
-def test_mla_kernel_compiles(arch, h, isolated_kernel_cache):
+@pytest.mark.parametrize("arch,h,pipe", [("sm_90a", 12, True), ("sm_100a", 12, True), ("sm_90a", 6, True),
+                                         ("sm_90a", 12, False)])
+def test_mla_kernel_compiles(arch, h, pipe, isolated_kernel_cache):
     pytest.importorskip("cutlass")
-    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False)
+    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False, pipe=pipe)
     assert {"kernel.py", "kernel.ptx", "kernel.cubin"} <= set(k.files)
     ptx = open(k.files["kernel.ptx"]).read()
     assert f".target {arch}" in ptx
@@ -52,9 +58,13 @@ def test_mla_kernel_compiles(arch, h, isolated_kernel_cache):
     cr = K3["C"] + K3["r"]
     nld = -(-ma.DEFAULT_TT * cr // 8 // ma.THREADS)
     nq = -(-hp * cr // 4 // ma.THREADS)
-    assert count(ks["split_kernel"], v4) == nld + nq
-    assert count(ks["split_kernel"], r"st\.shared(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b") >= nld + nq
-    assert "bar.sync" in ks["split_kernel"] or "barrier.sync" in ks["split_kernel"]
+    split = ks["split_kernel"]
+    pipe = pipelined(nld, pipe)
+    assert count(split, v4) == nld * (2 if pipe else 1) + nq      # pipelined: the first tile's loads, then the next's
+    assert count(split, r"st\.shared(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b") >= nld + nq
+    first_bar = min(i for i in (split.find("bar.sync"), split.find("barrier.sync")) if i >= 0)
+    # the first tile's cache loads and the queries' loads are all issued before the first barrier
+    assert count(split[:first_bar], v4) == (nld if pipe else 0) + nq
     # combine: W_UV rows, C / 256 16-byte loads per lane per row, V / 4 rows per warp
     assert count(ks["combine_kernel"], v4) >= K3["v"] // 4 * (K3["C"] // 256)
 
@@ -68,7 +78,7 @@ def test_mla_split_variants_compile(arch, h, splits, isolated_kernel_cache):
     first barrier (under the merge); no local memory."""
     pytest.importorskip("cutlass")
     qs, vs = splits
-    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False, splits=splits)
+    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False, splits=splits, pipe=True)
     ptx = open(k.files["kernel.ptx"]).read()
     ks = entries(ptx)
     assert "ld.local" not in ptx and "st.local" not in ptx
@@ -76,7 +86,7 @@ def test_mla_split_variants_compile(arch, h, splits, isolated_kernel_cache):
     assert count(ks["qabsorb_kernel"], v4) == qabsorb_rows_per_thread(qs)
     hp, cr = ma.padded_heads(h), K3["C"] + K3["r"]
     nld, nq = -(-ma.DEFAULT_TT * cr // 8 // ma.THREADS), -(-hp * cr // 4 // ma.THREADS)
-    assert count(ks["split_kernel"], v4) == nld + nq
+    assert count(ks["split_kernel"], v4) == nld * (2 if pipelined(nld) else 1) + nq
     comb = ks["combine_kernel"]
     rows = K3["v"] // vs // 4 * (K3["C"] // 256)
     assert count(comb, v4) >= rows
@@ -143,12 +153,15 @@ def test_mla_splits_per_bucket():
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-def test_mla_kernel_no_spills(arch, tmp_path, capfd):
-    """ptxas remarks for the K3 TP8 configuration (h = 12): no spills in any of the three kernels; the split kernel
-    stays <= 128 registers (two 256-thread CTAs per SM)."""
+@pytest.mark.parametrize("pipe", [False, True])
+def test_mla_kernel_no_spills(arch, pipe, tmp_path, capfd):
+    """ptxas remarks for the K3 TP8 configuration (h = 12): no spills in any of the three kernels; without the tile
+    pipeline the split kernel stays <= 128 registers (two 256-thread CTAs per SM), with it <= 168 (one CTA per SM:
+    the launcher takes it only where the grid has at most one CTA per SM)."""
     pytest.importorskip("cutlass")
     import cutlass.cute as cute
-    mod = kcompile._import_source(ma.render_source(12, **K3, scale=SCALE), f"mla_spills_{arch}", tmp_path)
+    mod = kcompile._import_source(ma.render_source(12, **K3, scale=SCALE, pipe=pipe), f"mla_spills_{arch}_{pipe}",
+                                  tmp_path)
     capfd.readouterr()
     cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
     out = "".join(capfd.readouterr())
@@ -156,7 +169,7 @@ def test_mla_kernel_no_spills(arch, tmp_path, capfd):
     assert len(regs) == 3, out[-2000:]
     assert out.count("0 bytes spill stores, 0 bytes spill loads") == 3 and "detected register spills" not in out, \
         out[-3000:]
-    assert max(regs) <= 128, regs
+    assert max(regs) <= (168 if pipe else 128), regs
 
 
 def test_mla_compile_key_and_supports():
@@ -385,6 +398,8 @@ def test_mla_one_launch_grid_and_reasons(monkeypatch):
     """one_grid: the largest phase's items rounded up to a power of two, at most ONE_MAX_G; one_reason: the knob, M,
     the SM count and the combine's warp tiling, each with its reason; the fallback keeps three launches."""
     monkeypatch.delenv("K3FUSE_MLA_ONE_KERNEL", raising=False)
+    assert ma.one_reason(1, 128, (8, 8), 64, 132) == "K3FUSE_MLA_ONE_KERNEL is not 1"   # opt-in
+    monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "1")
     assert ma.one_grid(1, 6, 32, (8, 8)) == 64          # qabsorb 6 x 8 = combine 6 x 8 = 48 items, split 32
     assert ma.one_grid(1, 6, 16, (1, 1)) == 16
     assert ma.one_grid(1, 12, 32, (8, 8)) == 128        # 96 items
@@ -396,6 +411,6 @@ def test_mla_one_launch_grid_and_reasons(monkeypatch):
     assert "multiple of 8" in ma.one_reason(1, 128, (8, 32), 64, 132)
     assert "power of two" in ma.one_ok(128, (8, 8), 96)
     monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "0")
-    assert ma.one_reason(1, 128, (8, 8), 64, 132) == "K3FUSE_MLA_ONE_KERNEL=0"
+    assert ma.one_reason(1, 128, (8, 8), 64, 132) == "K3FUSE_MLA_ONE_KERNEL is not 1"
     with pytest.raises(ValueError, match="multiple of 8"):
         ma.render_source(6, **K3, scale=SCALE, splits=(8, 32), one_g=64)
