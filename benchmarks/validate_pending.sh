@@ -360,6 +360,12 @@ elif [ "$part" = s15c ]; then     # the split kernel's tile pipeline: GPU tests,
     cp "$L"/layer_ab_*.json "$OUT/" 2>/dev/null
     e2e_and_table 90 170
     tar czf "$OUT/logs_s15c.tgz" -C "$L" .
+elif [ "$part" = s15d ]; then     # MLA TP16 M = 8 with bucket 8 at 8x8; the tile pipeline at TP8 (12 heads) in the layer
+    layer_arm s15d 8
+    timeout 150 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MLA_PIPE=0,1 --kinds mla --tp 8 --ms 1,8 \
+        --pairs 20 --tag _pipe_tp8 > "$L/ab_pipe8.txt" 2>&1
+    echo "layer_ab MLA_PIPE tp8 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_pipe8.txt" | tee -a "$S"
+    cp "$L"/layer_ab_*.json "$L"/layer_bench_s15d.json "$OUT/" 2>/dev/null
 elif [ "$part" = s14e ]; then     # end to end with EW 1 / 0 (argmax agreement against bf16's own noise); layer A/B round 4; TP8 EW 0
     for ew in 1 0; do
         K3FUSE_EARLY_WEIGHTS=$ew timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L/e2e$ew" --configs k3tp16 --ms 1,8 \
@@ -385,6 +391,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d)" >&2
     exit 2
 fi

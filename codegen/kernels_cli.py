@@ -17,6 +17,10 @@ from pathlib import Path
 from typing import Optional
 
 
+
+PLAN_CONTEXT = 1024     # the MLA split kernels' plan: the tile pipeline depends on the split grid (mla_attention)
+PLAN_SMS = 132
+
 def _pad(n: int, m: int = 16) -> int:
     return -(-n // m) * m
 
@@ -255,20 +259,26 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
     if why:
         skipped.append(dict(op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C), reason=why))
     else:
-        by_splits: dict = {}                        # one kernel per (QS, VS) the requested buckets use
+        by_splits: dict = {}                        # one kernel per (QS, VS, tile pipeline) the requested buckets use
         for b in buckets:
-            by_splits.setdefault(mla_attention.fit_splits(n, v, C, mla_attention.splits_for(b, h)), []).append(b)
-        for (qs, vs), bs in by_splits.items():
+            # the tile pipeline as the launcher takes it at a 1024-token context on 132 SMs (H100 / H200): where the
+            # split grid fits one CTA per SM; other contexts may launch the same splits with the other choice
+            ns = mla_attention.n_splits(b, PLAN_CONTEXT, PLAN_SMS)
+            pipe = mla_attention.pipe_for(b, h) and b * ns <= PLAN_SMS
+            key = mla_attention.fit_splits(n, v, C, mla_attention.splits_for(b, h)) + (pipe,)
+            by_splits.setdefault(key, []).append(b)
+        for (qs, vs, pipe), bs in by_splits.items():
             # one head group: pass fuse_mla_append_and_gate's op (the cache append + output gate variant); more:
             # its CUDA impl falls back to the plain kernel per group (the append runs once, in ATen)
             fused = groups == 1
             jobs.append(dict(family="mla_attention",
                              op="k3fuse::mla_append_attention_" if fused else "k3fuse::mla_attention",
                              shape=dict(h=h, n=n, v=v, r=r, C=C), bucket=bs[0],
-                             config=dict(scale=(n + r) ** -0.5, splits=[qs, vs], buckets=bs,
+                             config=dict(scale=(n + r) ** -0.5, splits=[qs, vs], buckets=bs, pipe=pipe,
                                          **({"append_eps": cfg.mla_lora_norm_eps, "gate": True, "out": "bfloat16"}
                                             if fused else {})),
-                             name=f"mla_{'append_' if fused else ''}attention_h{h}_c{C}_qs{qs}_vs{vs}",
+                             name=f"mla_{'append_' if fused else ''}attention_h{h}_c{C}_qs{qs}_vs{vs}"
+                                  f"{'_pipe' if pipe else ''}",
                              **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp
@@ -326,7 +336,7 @@ def build_job(job: dict, arch: str):
         c = job["config"]
         return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
                                    splits=c["splits"], append_eps=c.get("append_eps"), gate=c.get("gate", False),
-                                   out_dtype=c.get("out", "float32"))
+                                   out_dtype=c.get("out", "float32"), pipe=c.get("pipe", False))
     if job["family"] == "moe_experts":
         from . import moe_experts
         s, c = job["shape"], job["config"]

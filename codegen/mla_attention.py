@@ -55,7 +55,9 @@ DEFAULT_SPLITS = (1, 1)
 SPLITS_BY_BUCKET = {1: (8, 8), 2: (8, 8), 4: (8, 8), 8: (8, 8), 16: (8, 8), 32: (4, 4), 64: (4, 4)}
 # Per heads per rank where a bucket's best differs (h = 6 is K3 at TP16); bucket 4 was not timed (both neighbours
 # take 32x8).
-SPLITS_BY_HEADS = {6: {2: (32, 8), 4: (32, 8), 8: (32, 8)}}
+# Session 15 (2026-12-02, with the split kernel's tile pipeline, pipe_for()): h = 6 M = 8 8x8 18.3 us, 32x8 20.9
+# (mla_splits.py --pipe 0,1, context 1001), so bucket 8 takes the default 8x8 again; buckets 2 and 4 were not re-timed.
+SPLITS_BY_HEADS = {6: {2: (32, 8), 4: (32, 8)}}
 
 
 def splits_for(M: int, h: Optional[int] = None) -> tuple:
@@ -85,13 +87,18 @@ def score_hpt(hp: int, tt: int = DEFAULT_TT) -> int:
     return max(least, int(os.environ.get("K3FUSE_MLA_SCORE_HPT", "0")) or least)
 
 
-def pipe_tiles() -> bool:
-    """K3FUSE_MLA_PIPE (default 1): the split kernel loads tile i + 1 into registers while it works on tile i (and
-    the first tile before the queries), where a tile is one round of loads (NLD <= LDG) and the grid fits one CTA
-    per SM (the registers: 148 at h = 12 against <= 128 without, two CTAs per SM). Read at each launch (the memo
-    keys on the choice)."""
+def pipe_for(M: int, h: int) -> bool:
+    """The split kernel's tile pipeline at batch M with h heads per rank (the loads of tile i + 1 in registers while
+    tile i is worked on, the first tile's before the queries'): K3FUSE_MLA_PIPE=1 / 0 forces it on / off; unset, on
+    except at M = 1 with more than 8 heads. Measured on the H200 (2026-12-02, RESULTS.md "Session 15"; the three
+    kernels alone, context 1001, mla_splits.py --pipe 0,1): h = 6 M = 1 8x8 13.4 -> 12.4 us, M = 8 32x8 22.7 -> 20.9
+    and 8x8 26.5 -> 18.3; h = 12 M = 1 8x8 15.8 -> 17.6 (slower), M = 8 8x8 36.5 -> 30.2. MLA layer TP16 (layer_ab.py):
+    M = 1 -0.2 us (within the spread), M = 8 -2.0. Read at each launch (the memo keys on the choice)."""
     import os
-    return os.environ.get("K3FUSE_MLA_PIPE", "1") != "0"
+    v = os.environ.get("K3FUSE_MLA_PIPE", "")
+    if v:
+        return v != "0"
+    return not (M == 1 and h > 8)
 
 
 def padded_heads(h: int) -> int:
@@ -393,7 +400,8 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     if one is None:
         one = one_reason(M, v, splits, one_grid(M, h, ns, splits), sms) is None
     G = one_grid(M, h, ns, splits) if one else None
-    pipe = pipe_tiles() and (G or M * ns) <= sms                 # one CTA per SM is enough for the grid
+    # the pipeline's registers (148 at h = 12 against <= 128 without) leave one CTA per SM: where the grid fits
+    pipe = pipe_for(M, h) and (G or M * ns) <= sms
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G,
                  pipe=pipe)

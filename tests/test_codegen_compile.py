@@ -460,8 +460,14 @@ def test_plan_follows_runtime_choices():
     assert not [s for s in skipped if s["op"] == "k3fuse::mla_attention"]
     assert mla[0]["config"]["splits"] == [8, 8]                   # mla_attention.SPLITS_BY_BUCKET[8]
     jobs3, _ = kernels_cli.plan("k3", 16, [1, 8, 16, 64], "sm_90a")
-    got = {tuple(j["config"]["splits"]): j["config"]["buckets"] for j in jobs3 if j["family"] == "mla_attention"}
-    assert got == {(8, 8): [1, 16], (32, 8): [8], (4, 4): [64]}   # one kernel per distinct split (h = 6 at TP16)
+    got = {(*j["config"]["splits"], j["config"]["pipe"]): j["config"]["buckets"] for j in jobs3
+           if j["family"] == "mla_attention"}
+    # one kernel per distinct split + tile pipeline (TP16; at a 1024-token context M = 16 and 64 have more split CTAs
+    # than SMs: no pipeline)
+    assert got == {(8, 8, True): [1, 8], (8, 8, False): [16], (4, 4, False): [64]}
+    jobs8p, _ = kernels_cli.plan("k3", 8, [1, 8], "sm_90a")         # 12 heads: no pipeline at M = 1 (mla pipe_for)
+    assert {j["config"]["pipe"]: j["config"]["buckets"] for j in jobs8p if j["family"] == "mla_attention"} == \
+        {False: [1], True: [8]}
     # one head group (TP16): pass fuse_mla_append_and_gate's op, its append + gate variant; TP2's groups: the plain one
     assert {j["op"] for j in jobs3 if j["family"] == "mla_attention"} == {"k3fuse::mla_append_attention_"}
     assert {j["config"]["gate"] for j in jobs3 if j["family"] == "mla_attention"} == {True}

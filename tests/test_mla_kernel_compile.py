@@ -144,8 +144,9 @@ def test_mla_splits_per_bucket():
     assert [ma.splits_for(m) for m in (1, 2, 3, 8, 9, 33, 64)] == \
         [(8, 8), (8, 8), (8, 8), (8, 8), (8, 8), (4, 4), (4, 4)]
     assert ma.splits_for(65) == ma.DEFAULT_SPLITS
-    # K3 TP16 (6 heads per rank) takes 32x8 at buckets 2-8 (timed there), TP8's 12 heads the generic table
-    assert [ma.splits_for(m, 6) for m in (1, 2, 4, 8, 16)] == [(8, 8), (32, 8), (32, 8), (32, 8), (8, 8)]
+    # K3 TP16 (6 heads per rank) takes 32x8 at buckets 2-4 (timed there without the tile pipeline; with it, bucket 8
+    # is faster at 8x8), TP8's 12 heads the generic table
+    assert [ma.splits_for(m, 6) for m in (1, 2, 4, 8, 16)] == [(8, 8), (32, 8), (32, 8), (8, 8), (8, 8)]
     assert [ma.splits_for(m, 12) for m in (1, 2, 8)] == [(8, 8)] * 3
     assert all(ma.splits_ok(K3["n"], K3["v"], s, K3["C"]) is None for t in ma.SPLITS_BY_HEADS.values()
                for s in t.values())
@@ -414,3 +415,13 @@ def test_mla_one_launch_grid_and_reasons(monkeypatch):
     assert ma.one_reason(1, 128, (8, 8), 64, 132) == "K3FUSE_MLA_ONE_KERNEL is not 1"
     with pytest.raises(ValueError, match="multiple of 8"):
         ma.render_source(6, **K3, scale=SCALE, splits=(8, 32), one_g=64)
+
+
+def test_mla_pipe_choice(monkeypatch):
+    """pipe_for: the knob forces it; unset, the measured rule (not at M = 1 with more than 8 heads)."""
+    monkeypatch.delenv("K3FUSE_MLA_PIPE", raising=False)
+    assert ma.pipe_for(1, 6) and ma.pipe_for(8, 6) and ma.pipe_for(8, 12) and not ma.pipe_for(1, 12)
+    monkeypatch.setenv("K3FUSE_MLA_PIPE", "1")
+    assert ma.pipe_for(1, 12)
+    monkeypatch.setenv("K3FUSE_MLA_PIPE", "0")
+    assert not ma.pipe_for(1, 6) and not ma.pipe_for(8, 6)
