@@ -362,6 +362,9 @@ elif [ "$part" = s15c ]; then     # the split kernel's tile pipeline: GPU tests,
     tar czf "$OUT/logs_s15c.tgz" -C "$L" .
 elif [ "$part" = s15d ]; then     # MLA TP16 M = 8 with bucket 8 at 8x8; the tile pipeline at TP8 (12 heads) in the layer
     layer_arm s15d 8
+    timeout 60 python3 benchmarks/mla_splits.py --out "$L" --heads 6,12 --ms 1 --context 1001 --splits 8x8 \
+        --kv-splits 0,16 > "$L/ms.txt" 2>&1
+    echo "mla_splits kv rc=$?" | tee -a "$S"; grep -E '"us"' "$L/ms.txt" | sed 's/, "rel_err".*//' | tee -a "$S"
     timeout 150 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MLA_PIPE=0,1 --kinds mla --tp 8 --ms 1,8 \
         --pairs 20 --tag _pipe_tp8 > "$L/ab_pipe8.txt" 2>&1
     echo "layer_ab MLA_PIPE tp8 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_pipe8.txt" | tee -a "$S"
