@@ -55,9 +55,11 @@ DEFAULT_SPLITS = (1, 1)
 SPLITS_BY_BUCKET = {1: (8, 8), 2: (8, 8), 4: (8, 8), 8: (8, 8), 16: (8, 8), 32: (4, 4), 64: (4, 4)}
 # Per heads per rank where a bucket's best differs (h = 6 is K3 at TP16); bucket 4 was not timed (both neighbours
 # take 32x8).
-# Session 15 (2026-12-02, with the split kernel's tile pipeline, pipe_for()): h = 6 M = 8 8x8 18.3 us, 32x8 20.9
-# (mla_splits.py --pipe 0,1, context 1001), so bucket 8 takes the default 8x8 again; buckets 2 and 4 were not re-timed.
-SPLITS_BY_HEADS = {6: {2: (32, 8), 4: (32, 8)}}
+# Session 15 (2026-12-02, with the split kernel's tile pipeline, pipe_for()): the three kernels alone, h = 6 M = 8,
+# took 8x8 18.3 us against 32x8 20.9 (mla_splits.py --pipe 0,1, context 1001). But the MLA TP16 M = 8 layer with
+# 8x8 was 266.1 us, against 253.6 with 32x8 in the call before. That is one run each; KDA, the control, moved
+# 229.0 -> 230.7. So bucket 8 stays 32x8, the choice the pipeline's layer A/B was measured with.
+SPLITS_BY_HEADS = {6: {2: (32, 8), 4: (32, 8), 8: (32, 8)}}
 
 
 def splits_for(M: int, h: Optional[int] = None) -> tuple:
@@ -92,8 +94,9 @@ def pipe_for(M: int, h: int) -> bool:
     tile i is worked on, the first tile's before the queries'): K3FUSE_MLA_PIPE=1 / 0 forces it on / off; unset, on
     except at M = 1 with more than 8 heads. Measured on the H200 (2026-12-02, RESULTS.md "Session 15"; the three
     kernels alone, context 1001, mla_splits.py --pipe 0,1): h = 6 M = 1 8x8 13.4 -> 12.4 us, M = 8 32x8 22.7 -> 20.9
-    and 8x8 26.5 -> 18.3; h = 12 M = 1 8x8 15.8 -> 17.6 (slower), M = 8 8x8 36.5 -> 30.2. MLA layer TP16 (layer_ab.py):
-    M = 1 -0.2 us (within the spread), M = 8 -2.0. Read at each launch (the memo keys on the choice)."""
+    and 8x8 26.5 -> 18.3; h = 12 M = 1 8x8 15.8 -> 17.6 (slower), M = 8 8x8 36.5 -> 30.2. MLA layers (layer_ab.py):
+    TP16 M = 1 -0.2 us (within the spread), M = 8 -2.0; TP8 M = 1 +2.5 (hence the rule), M = 8 -5.9. Read at each
+    launch (the memo keys on the choice)."""
     import os
     v = os.environ.get("K3FUSE_MLA_PIPE", "")
     if v:

@@ -464,7 +464,7 @@ def test_plan_follows_runtime_choices():
            if j["family"] == "mla_attention"}
     # one kernel per distinct split + tile pipeline (TP16; at a 1024-token context M = 16 and 64 have more split CTAs
     # than SMs: no pipeline)
-    assert got == {(8, 8, True): [1, 8], (8, 8, False): [16], (4, 4, False): [64]}
+    assert got == {(8, 8, True): [1], (32, 8, True): [8], (8, 8, False): [16], (4, 4, False): [64]}
     jobs8p, _ = kernels_cli.plan("k3", 8, [1, 8], "sm_90a")         # 12 heads: no pipeline at M = 1 (mla pipe_for)
     assert {j["config"]["pipe"]: j["config"]["buckets"] for j in jobs8p if j["family"] == "mla_attention"} == \
         {False: [1], True: [8]}

@@ -144,9 +144,8 @@ def test_mla_splits_per_bucket():
     assert [ma.splits_for(m) for m in (1, 2, 3, 8, 9, 33, 64)] == \
         [(8, 8), (8, 8), (8, 8), (8, 8), (8, 8), (4, 4), (4, 4)]
     assert ma.splits_for(65) == ma.DEFAULT_SPLITS
-    # K3 TP16 (6 heads per rank) takes 32x8 at buckets 2-4 (timed there without the tile pipeline; with it, bucket 8
-    # is faster at 8x8), TP8's 12 heads the generic table
-    assert [ma.splits_for(m, 6) for m in (1, 2, 4, 8, 16)] == [(8, 8), (32, 8), (32, 8), (8, 8), (8, 8)]
+    # K3 TP16 (6 heads per rank) takes 32x8 at buckets 2-8 (timed there), TP8's 12 heads the generic table
+    assert [ma.splits_for(m, 6) for m in (1, 2, 4, 8, 16)] == [(8, 8), (32, 8), (32, 8), (32, 8), (8, 8)]
     assert [ma.splits_for(m, 12) for m in (1, 2, 8)] == [(8, 8)] * 3
     assert all(ma.splits_ok(K3["n"], K3["v"], s, K3["C"]) is None for t in ma.SPLITS_BY_HEADS.values()
                for s in t.values())
