@@ -39,6 +39,7 @@ def main():
     ap.add_argument("--hpt", default="0", help="score heads per thread (K3FUSE_MLA_SCORE_HPT; 0: the default)")
     ap.add_argument("--pipe", default="", help="K3FUSE_MLA_PIPE values to try, e.g. 0,1 (keyed ~0 / ~1; default: as set)")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     pipes = args.pipe.split(",") if args.pipe else [None]
     ones = [int(v) for v in args.one.split(",")]
     hpts = [int(v) for v in args.hpt.split(",")]

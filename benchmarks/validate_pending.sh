@@ -20,6 +20,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh ab K3FUSE_X=0,1   # paired A/B in one process (layer_ab.py)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14t           # e2e + README table + TP8, EW default
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s15            # the one-launch MLA attention
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16            # session 15's unrun MMA score step
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
 #       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,
@@ -369,6 +370,19 @@ elif [ "$part" = s15d ]; then     # MLA TP16 M = 8 with bucket 8 at 8x8; the til
         --pairs 20 --tag _pipe_tp8 > "$L/ab_pipe8.txt" 2>&1
     echo "layer_ab MLA_PIPE tp8 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_pipe8.txt" | tee -a "$S"
     cp "$L"/layer_ab_*.json "$L"/layer_bench_s15d.json "$OUT/" 2>/dev/null
+elif [ "$part" = s16 ]; then      # session 15's unrun MMA score step: GPU tests, memcheck, kernels alone, paired layer A/B
+    pytests mla_mma 200 tests/test_mla_kernel_gpu.py -k "mma or matches_reference"
+    K3FUSE_MLA_MMA=1 memcheck sanitizer_mma 150 tests/test_mla_kernel_gpu.py -k "mma_scores and not 4096 and not 2048"
+    for mma in 0 1; do
+        K3FUSE_MLA_MMA=$mma timeout 90 python3 benchmarks/mla_splits.py --out "$L/ms$mma" --heads 6,12 --ms 1,8 \
+            --context 1001 --splits 8x8,32x8 > "$L/ms$mma.txt" 2>&1
+        echo "mla_splits MMA=$mma rc=$?" | tee -a "$S"; grep -E '"us"' "$L/ms$mma.txt" | sed 's/, "rel_err".*//' | tee -a "$S"
+    done
+    timeout 200 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MLA_MMA=0,1 --kinds mla --tp 16,8 --ms 1,8 \
+        --pairs 30 --tag _mma > "$L/ab_mma.txt" 2>&1
+    echo "layer_ab MLA_MMA rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_mma.txt" | tee -a "$S"
+    cp "$L"/layer_ab_mma.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s16.tgz" -C "$L" .
 elif [ "$part" = s14e ]; then     # end to end with EW 1 / 0 (argmax agreement against bf16's own noise); layer A/B round 4; TP8 EW 0
     for ew in 1 0; do
         K3FUSE_EARLY_WEIGHTS=$ew timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L/e2e$ew" --configs k3tp16 --ms 1,8 \
@@ -394,6 +408,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16)" >&2
     exit 2
 fi

@@ -104,13 +104,29 @@ def pipe_for(M: int, h: int) -> bool:
     return not (M == 1 and h > 8)
 
 
+def mma_scores(hp: int, r: int, C: int, tt: int = DEFAULT_TT) -> bool:
+    """K3FUSE_MLA_MMA=1 (default 0: written after session 15's device time, not yet run on a GPU): the split kernel's
+    score step on tensor cores (m16n8k16 bf16 MMAs, the query as bf16 hi + lo halves), where HP <= 16 heads fill one
+    MMA tile, C + r is a multiple of 32 and the tile a whole number of 8-token n-tiles over the 8 warps. Read when a
+    kernel is rendered (the memo keys on it)."""
+    import os
+    nwarps = THREADS // 32
+    return (os.environ.get("K3FUSE_MLA_MMA", "0") == "1" and hp <= 16 and (C + r) % 32 == 0 and tt % 8 == 0
+            and nwarps % (tt // 8) == 0)
+
+
 def padded_heads(h: int) -> int:
     return -(-h // HG) * HG
 
 
 def smem_bytes(h: int, r: int, C: int, tt: int = DEFAULT_TT) -> int:
-    """Shared memory of the split kernel: scaled queries, the padded cache tile, probabilities, max / sum / alpha."""
+    """Shared memory of the split kernel: scaled queries, the padded cache tile, probabilities, max / sum / alpha
+    (with the MMA score step: the queries as 16 bf16 hi + lo rows, rows padded by 64 bytes, the k-shares' partial
+    scores)."""
     hp = padded_heads(h)
+    if mma_scores(hp, r, C, tt):
+        kh = THREADS // 32 // (tt // 8)
+        return 2 * 16 * (C + r + 32) * 2 + tt * (C + r + 32) * 2 + (1 + kh) * tt * hp * 4 + 3 * hp * 4
     return hp * (C + r) * 4 + tt * (C + r + 8) * 2 + tt * hp * 4 + 3 * hp * 4
 
 
@@ -173,7 +189,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
     nld = -(-tt * nch // THREADS)
     return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HPT=score_hpt(hp, tt),
-                PIPE=bool(pipe) and nld <= LOADS_IN_FLIGHT, HG=HG, HH=hp // HG,
+                PIPE=bool(pipe) and nld <= LOADS_IN_FLIGHT, MMA=mma_scores(hp, r, C, tt), HG=HG, HH=hp // HG,
                 CPT=C // (THREADS // HG), UNROLL_S=unroll, LDG=LOADS_IN_FLIGHT, SCALE=repr(float(scale)), QDT=_dtname(q_dtype),
                 QS=int(splits[0]), VS=int(splits[1]), NT1=QABSORB_THREADS, HOIST3=v // int(splits[1]) <= 32,
                 MAX_SPLITS=MAX_SPLITS,
@@ -212,7 +228,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     eps = float(append_eps) if append_eps is not None else None
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
-            bool(pipe))
+            bool(pipe), mma_scores(padded_heads(h), r, C, tt))
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe)

@@ -424,3 +424,87 @@ def test_mla_pipe_choice(monkeypatch):
     assert ma.pipe_for(1, 12)
     monkeypatch.setenv("K3FUSE_MLA_PIPE", "0")
     assert not ma.pipe_for(1, 6) and not ma.pipe_for(8, 6)
+
+
+@pytest.mark.parametrize("arch,h", [("sm_90a", 6), ("sm_100a", 12), ("sm_90a", 16)])
+def test_mla_mma_scores_compile(arch, h, monkeypatch, isolated_kernel_cache):
+    """K3FUSE_MLA_MMA=1: the split kernel's score step as m16n8k16 MMAs, KPW k-steps x 2 halves x (hi, lo) per warp,
+    no local memory; the knob changes the source (and so the compile key)."""
+    pytest.importorskip("cutlass")
+    plain = ma.render_source(h, **K3, scale=SCALE)
+    monkeypatch.setenv("K3FUSE_MLA_MMA", "1")
+    assert ma.mma_scores(ma.padded_heads(h), K3["r"], K3["C"]) and ma.render_source(h, **K3, scale=SCALE) != plain
+    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False, pipe=True)
+    ptx = open(k.files["kernel.ptx"]).read()
+    ks = entries(ptx)
+    ks_steps = (K3["C"] + K3["r"]) // 32
+    kh = ma.THREADS // 32 // (ma.DEFAULT_TT // 8)
+    assert count(ks["split_kernel"], r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == \
+        -(-ks_steps // kh) * 2 * 2
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    assert ma.smem_bytes(h, K3["r"], K3["C"]) < 100 * 1024
+    monkeypatch.setenv("K3FUSE_MLA_MMA", "0")
+    assert not ma.mma_scores(ma.padded_heads(h), K3["r"], K3["C"])
+    monkeypatch.setenv("K3FUSE_MLA_MMA", "1")
+    assert not ma.mma_scores(18, K3["r"], K3["C"]) and not ma.mma_scores(6, 60, K3["C"])
+
+
+def test_mla_mma_score_fragments_emulated():
+    """The MMA score step's index arithmetic, restated from the template and run through the PTX m16n8k16 fragment
+    layout (a0: row g, k 2t..2t+1; a1: row g + 8; a2 / a3: k + 8; b0: k 2t..2t+1, col g; b1: k + 8; c0, c1: row g,
+    cols 2t, 2t + 1; c2, c3: row g + 8) in float64: every (head, token) score is the full 576-long dot product of the
+    hi + lo query halves with the cache row, each physical k used once, summed over the k-shares."""
+    torch.manual_seed(0)
+    CR, TT, HP, NW = K3["C"] + K3["r"], ma.DEFAULT_TT, 6, ma.THREADS // 32
+    KS, NTT = CR // 32, TT // 8
+    KH = NW // NTT
+    KPW = -(-KS // KH)
+    q = torch.randn(HP, CR, dtype=torch.float64)
+    hi = q.to(torch.bfloat16).double()
+    lo = (q - hi).to(torch.bfloat16).double()
+    Q = torch.zeros(2, 16, CR, dtype=torch.float64)
+    Q[0, :HP], Q[1, :HP] = hi, lo
+    Ct = torch.randn(TT, CR, dtype=torch.float64).to(torch.bfloat16).double()
+    sPk = torch.full((KH, TT, HP), float("nan"), dtype=torch.float64)
+    used = torch.zeros(TT, CR, dtype=torch.int64)
+    for warp in range(NW):
+        nt, kh = warp % NTT, warp // NTT
+        acc = torch.zeros(32, 4, dtype=torch.float64)          # per lane: c0..c3
+        for i in range(KPW):
+            ks_ = kh * KPW + i
+            if ks_ >= KS:
+                continue
+            for j in range(2):
+                for hl in range(2):
+                    A = torch.zeros(16, 16, dtype=torch.float64)    # logical (row, k)
+                    B = torch.zeros(16, 8, dtype=torch.float64)     # logical (k, col)
+                    for lane in range(32):
+                        g, t4 = lane // 4, lane % 4
+                        c = ks_ * 4 + t4                             # the lane's 16-byte chunk of each row
+                        av = [Q[hl, g, 8 * c:8 * c + 8], Q[hl, g + 8, 8 * c:8 * c + 8]]
+                        bv = Ct[nt * 8 + g, 8 * c:8 * c + 8]
+                        pair = lambda v, p: v[2 * p:2 * p + 2]
+                        # mma_16816(ai[2hl, 2j], ai[2hl+1, 2j], ai[2hl, 2j+1], ai[2hl+1, 2j+1], bi[2j], bi[2j+1])
+                        A[g, 2 * t4:2 * t4 + 2] = pair(av[0], 2 * j)
+                        A[g + 8, 2 * t4:2 * t4 + 2] = pair(av[1], 2 * j)
+                        A[g, 2 * t4 + 8:2 * t4 + 10] = pair(av[0], 2 * j + 1)
+                        A[g + 8, 2 * t4 + 8:2 * t4 + 10] = pair(av[1], 2 * j + 1)
+                        B[2 * t4:2 * t4 + 2, g] = pair(bv, 2 * j)
+                        B[2 * t4 + 8:2 * t4 + 10, g] = pair(bv, 2 * j + 1)
+                        if hl == 0:
+                            used[nt * 8 + g, 8 * c + 4 * j:8 * c + 4 * j + 4] += 1
+                    D = A @ B
+                    for lane in range(32):
+                        g, t4 = lane // 4, lane % 4
+                        acc[lane] += torch.stack([D[g, 2 * t4], D[g, 2 * t4 + 1], D[g + 8, 2 * t4], D[g + 8, 2 * t4 + 1]])
+        for lane in range(32):
+            g, t4 = lane // 4, lane % 4
+            for qd in range(4):
+                hh = g + 8 * (qd // 2)
+                if hh < HP:
+                    sPk[kh, nt * 8 + 2 * t4 + qd % 2, hh] = acc[lane, qd]
+    assert torch.equal(used, torch.ones_like(used))               # each (token, k) once, over all warps
+    scores = sPk.sum(0)                                           # [TT, HP]
+    assert torch.isfinite(scores).all()
+    assert torch.allclose(scores, Ct @ (hi + lo).T, rtol=0, atol=1e-10)
+    assert ((scores - Ct @ q.T).norm() / (Ct @ q.T).norm()).item() < 1e-4
