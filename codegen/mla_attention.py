@@ -14,6 +14,11 @@ broadcasts) against ~1.7 K cycles of FMAs, the PV step ~1.5 K cycles: ~3 us per 
 (mma.sync / wgmma with the heads as M and the cache tile as N) is the next step.
 Registers (ptxas, K3 h = 12, 8x8): qabsorb 32 (sm_90a / sm_100a), split 116 / 118, combine 64 / 68; no spills.
 TT = 64 compiles too but takes ~200 registers in the split kernel (one CTA per SM).
+Variants (session 15; the kernels are @cute.jit phase functions that each kernel calls):
+- PIPE (pipe_for): the split kernel's tile pipeline; 148 registers at h = 12, so only where the split grid fits the SMs.
+- ONE (K3FUSE_MLA_ONE_KERNEL=1, opt-in): the three phases in one launch with two grid barriers. It was measured
+  slower.
+- MMA (K3FUSE_MLA_MMA=1, opt-in): the score step on tensor cores. It has not run on a GPU yet.
 
 Compile-time: h (and its padding HP), n, v, r, C, the q dtype, the scale, the tile TT (tokens per shared-memory tile),
 threads, and the arch. Runtime: M, T and NS (splits per row, chosen by n_splits() from M, T and the SM count; the
