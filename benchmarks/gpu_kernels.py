@@ -88,6 +88,16 @@ def capture_graph(fn, iters_per_graph):
     return g
 
 
+def replay_us(g, n) -> float:
+    """Microseconds per call of one replay of graph g holding n calls, timed with events."""
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    g.replay()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1000 / n
+
+
 def graph_time(fn, iters_per_graph=20, replays=15, before_replay=None):
     """Median microseconds per call of fn(i) (i = launch index), from CUDA-graph replays timed with events.
     before_replay(): host work between timed replays (refill inputs, a barrier across ranks), outside the timing."""
@@ -96,12 +106,7 @@ def graph_time(fn, iters_per_graph=20, replays=15, before_replay=None):
     for _ in range(replays):
         if before_replay is not None:
             before_replay()
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b) * 1000 / iters_per_graph)
+        ts.append(replay_us(g, iters_per_graph))
     return statistics.median(ts), (min(ts), max(ts))
 
 

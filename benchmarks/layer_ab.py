@@ -23,7 +23,7 @@ import time
 import torch
 
 from k3fuse.codegen import compile as kcompile
-from gpu_kernels import capture_graph, copy_bandwidth
+from gpu_kernels import capture_graph, copy_bandwidth, replay_us
 from layer_bench import clone_inputs, floor_bytes, make_inputs, make_layer, per_rank_config, rel
 
 
@@ -52,15 +52,6 @@ def capture(fn, copies, per_copy):
     layer calls in it)."""
     n = len(copies) * per_copy
     return capture_graph(lambda i: fn(copies[i % len(copies)][0], *copies[i % len(copies)][1]), n), n
-
-
-def replay_us(g, n) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    g.replay()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1000 / n
 
 
 KEEP: list = []     # the kernels the memos forget between arms: the captured graphs launch them

@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 from typing import Optional
 
-
-
 PLAN_CONTEXT = 1024     # the MLA split kernels' plan: the tile pipeline depends on the split grid (mla_attention)
 PLAN_SMS = 132
+
 
 def _pad(n: int, m: int = 16) -> int:
     return -(-n // m) * m

@@ -421,9 +421,10 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     ns = n_split or n_splits(M, T, sms)
     if not 1 <= ns <= MAX_SPLITS:
         raise ValueError(f"{ns} KV splits (the combine kernel takes 1..{MAX_SPLITS})")
+    G = one_grid(M, h, ns, splits)
     if one is None:
-        one = one_reason(M, v, splits, one_grid(M, h, ns, splits), sms) is None
-    G = one_grid(M, h, ns, splits) if one else None
+        one = one_reason(M, v, splits, G, sms) is None
+    G = G if one else None
     # the pipeline's registers (148 at h = 12 against <= 128 without) leave one CTA per SM: where the grid fits
     pipe = pipe_for(M, h) and (G or M * ns) <= sms
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
