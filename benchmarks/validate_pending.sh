@@ -21,6 +21,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14t           # e2e + README table + TP8, EW default
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s15            # the one-launch MLA attention
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16            # session 15's unrun MMA score step
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
 #       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,
@@ -383,6 +384,19 @@ elif [ "$part" = s16 ]; then      # session 15's unrun MMA score step: GPU tests
     echo "layer_ab MLA_MMA rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_mma.txt" | tee -a "$S"
     cp "$L"/layer_ab_mma.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s16.tgz" -C "$L" .
+elif [ "$part" = s17 ]; then      # issue 5's stale rows: end to end at M = 1 and 8 (uncut), TP16 M = 64 (every backend), max-autotune at M = 1
+    timeout 240 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
+    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
+    timeout 150 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 64 --top 16 --tag _m64 \
+        > "$L/lb_m64.txt" 2>&1
+    echo "layer M=64 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m64.txt" | tee -a "$S"
+    cp "$L"/layer_bench_m64.json "$L"/layer_bench_m64.png "$OUT/" 2>/dev/null
+    timeout 190 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
+        --tag _mat > "$L/lb_mat.txt" 2>&1
+    echo "layer max-autotune rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_mat.txt" | tee -a "$S"
+    cp "$L"/layer_bench_mat.json "$L"/layer_bench_mat.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s17.tgz" -C "$L" .
 elif [ "$part" = s14e ]; then     # end to end with EW 1 / 0 (argmax agreement against bf16's own noise); layer A/B round 4; TP8 EW 0
     for ew in 1 0; do
         K3FUSE_EARLY_WEIGHTS=$ew timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L/e2e$ew" --configs k3tp16 --ms 1,8 \
@@ -408,6 +422,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s17)" >&2
     exit 2
 fi
