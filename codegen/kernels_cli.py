@@ -263,7 +263,8 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             # the tile pipeline as the launcher takes it at a 1024-token context on 132 SMs (H100 / H200): where the
             # split grid fits one CTA per SM; other contexts may launch the same splits with the other choice
             ns = mla_attention.n_splits(b, PLAN_CONTEXT, PLAN_SMS)
-            pipe = mla_attention.pipe_for(b, h) and b * ns <= PLAN_SMS
+            pipe = mla_attention.pipe_for(b, h, mla_attention.mma_scores(mla_attention.padded_heads(h), r, C)) \
+                and b * ns <= PLAN_SMS
             key = mla_attention.fit_splits(n, v, C, mla_attention.splits_for(b, h)) + (pipe,)
             by_splits.setdefault(key, []).append(b)
         for (qs, vs, pipe), bs in by_splits.items():

@@ -15,10 +15,12 @@ broadcasts) against ~1.7 K cycles of FMAs, the PV step ~1.5 K cycles: ~3 us per 
 Registers (ptxas, K3 h = 12, 8x8): qabsorb 32 (sm_90a / sm_100a), split 116 / 118, combine 64 / 68; no spills.
 TT = 64 compiles too but takes ~200 registers in the split kernel (one CTA per SM).
 Variants (session 15; the kernels are @cute.jit phase functions that each kernel calls):
-- PIPE (pipe_for): the split kernel's tile pipeline; 148 registers at h = 12, so only where the split grid fits the SMs.
+- PIPE (pipe_for): the split kernel's tile pipeline; 148 registers at h = 12 (182-186 with the MMA score step), so only
+  where the split grid fits the SMs. Without it the MMA split kernel launches with min_blocks_per_mp = 2 (<= 128).
 - ONE (K3FUSE_MLA_ONE_KERNEL=1, opt-in): the three phases in one launch with two grid barriers. It was measured
   slower.
-- MMA (K3FUSE_MLA_MMA=1, opt-in): the score step on tensor cores. It has not run on a GPU yet.
+- MMA (mma_scores; default since session 16, K3FUSE_MLA_MMA=0 turns it off): the score step on tensor cores.
+  Measured 2026-12-02 (H200, layer_ab MLA + MoE): -1.1 / -2.9 us at TP16 M = 1 / 8, -3.4 / -10.3 at TP8.
 
 Compile-time: h (and its padding HP), n, v, r, C, the q dtype, the scale, the tile TT (tokens per shared-memory tile),
 threads, and the arch. Runtime: M, T and NS (splits per row, chosen by n_splits() from M, T and the SM count; the
@@ -94,29 +96,31 @@ def score_hpt(hp: int, tt: int = DEFAULT_TT) -> int:
     return max(least, int(os.environ.get("K3FUSE_MLA_SCORE_HPT", "0")) or least)
 
 
-def pipe_for(M: int, h: int) -> bool:
+def pipe_for(M: int, h: int, mma: bool = True) -> bool:
     """The split kernel's tile pipeline at batch M with h heads per rank (the loads of tile i + 1 in registers while
-    tile i is worked on, the first tile's before the queries'): K3FUSE_MLA_PIPE=1 / 0 forces it on / off; unset, on
-    except at M = 1 with more than 8 heads. Measured on the H200 (2026-12-02, RESULTS.md "Session 15"; the three
-    kernels alone, context 1001, mla_splits.py --pipe 0,1): h = 6 M = 1 8x8 13.4 -> 12.4 us, M = 8 32x8 22.7 -> 20.9
-    and 8x8 26.5 -> 18.3; h = 12 M = 1 8x8 15.8 -> 17.6 (slower), M = 8 8x8 36.5 -> 30.2. MLA layers (layer_ab.py):
-    TP16 M = 1 -0.2 us (within the spread), M = 8 -2.0; TP8 M = 1 +2.5 (hence the rule), M = 8 -5.9. Read at each
-    launch (the memo keys on the choice)."""
+    tile i is worked on, the first tile's before the queries'): K3FUSE_MLA_PIPE=1 / 0 forces it on / off; unset, on,
+    except at M = 1 with more than 8 heads when the score step runs on CUDA cores (mma False). Measured on the H200
+    (2026-12-02, RESULTS.md "Session 15"; the three kernels alone, context 1001, mla_splits.py --pipe 0,1, CUDA-core
+    scores): h = 6 M = 1 8x8 13.4 -> 12.4 us, M = 8 32x8 22.7 -> 20.9 and 8x8 26.5 -> 18.3; h = 12 M = 1 8x8
+    15.8 -> 17.6 (slower), M = 8 8x8 36.5 -> 30.2. MLA layers (layer_ab.py): TP16 M = 1 -0.2 us (within the spread),
+    M = 8 -2.0; TP8 M = 1 +2.5 (hence the exception), M = 8 -5.9. With the MMA score step (session 16, layer_ab
+    PIPE 0 -> 1 at M = 1): TP8 -0.50 us [-0.90, -0.30], 17 / 20 pairs faster; TP16 -0.50 [-0.81, 0.17], 12 / 20. Read
+    at each launch (the memo keys on the choice)."""
     import os
     v = os.environ.get("K3FUSE_MLA_PIPE", "")
     if v:
         return v != "0"
-    return not (M == 1 and h > 8)
+    return mma or not (M == 1 and h > 8)
 
 
 def mma_scores(hp: int, r: int, C: int, tt: int = DEFAULT_TT) -> bool:
-    """K3FUSE_MLA_MMA=1 (default 0: written after session 15's device time, not yet run on a GPU): the split kernel's
-    score step on tensor cores (m16n8k16 bf16 MMAs, the query as bf16 hi + lo halves), where HP <= 16 heads fill one
-    MMA tile, C + r is a multiple of 32 and the tile a whole number of 8-token n-tiles over the 8 warps. Read when a
-    kernel is rendered (the memo keys on it)."""
+    """The split kernel's score step on tensor cores (m16n8k16 bf16 MMAs, the query as bf16 hi + lo halves), where
+    HP <= 16 heads fill one MMA tile, C + r is a multiple of 32 and the tile a whole number of 8-token n-tiles over
+    the 8 warps; elsewhere the CUDA-core score step. On by default (session 16: faster at every TP16 / TP8, M = 1 / 8
+    cell measured); K3FUSE_MLA_MMA=0 turns it off. Read when a kernel is rendered (the memo keys on it)."""
     import os
     nwarps = THREADS // 32
-    return (os.environ.get("K3FUSE_MLA_MMA", "0") == "1" and hp <= 16 and (C + r) % 32 == 0 and tt % 8 == 0
+    return (os.environ.get("K3FUSE_MLA_MMA", "1") != "0" and hp <= 16 and (C + r) % 32 == 0 and tt % 8 == 0
             and nwarps % (tt // 8) == 0)
 
 
@@ -425,8 +429,9 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     if one is None:
         one = one_reason(M, v, splits, G, sms) is None
     G = G if one else None
-    # the pipeline's registers (148 at h = 12 against <= 128 without) leave one CTA per SM: where the grid fits
-    pipe = pipe_for(M, h) and (G or M * ns) <= sms
+    # the pipeline's registers (148 at h = 12, 182-186 with MMA scores, against <= 128 without) leave one CTA per
+    # SM: where the grid fits
+    pipe = pipe_for(M, h, mma_scores(padded_heads(h), r, C)) and (G or M * ns) <= sms
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G,
                  pipe=pipe)

@@ -324,13 +324,14 @@ def test_mla_one_launch_append_gate_matches_three(M, T, seq_lens, seed):
 @pytest.mark.parametrize("M,T,seq_lens", [CASES[0], CASES[1], CASES[3], CASES[5], CASES[8]])
 @pytest.mark.parametrize("h", [6, 12, 16])
 @pytest.mark.parametrize("pipe", ["0", "1"])
-def test_mla_mma_scores_match_reference(M, T, seq_lens, h, pipe, monkeypatch, seed):
-    """K3FUSE_MLA_MMA=1 (the split kernel's scores as m16n8k16 MMAs over bf16 hi + lo query halves): the same answer
-    as the reference, with and without the tile pipeline, garbage past seq_lens, outputs NaN-poisoned."""
+@pytest.mark.parametrize("mma", ["0", "1"])
+def test_mla_mma_scores_match_reference(M, T, seq_lens, h, pipe, mma, monkeypatch, seed):
+    """Both score steps (K3FUSE_MLA_MMA=1, the default: m16n8k16 MMAs over bf16 hi + lo query halves; 0: CUDA cores)
+    give the reference's answer, with and without the tile pipeline, garbage past seq_lens, outputs NaN-poisoned."""
     from k3fuse.codegen import mla_attention as ma
-    monkeypatch.setenv("K3FUSE_MLA_MMA", "1")
+    monkeypatch.setenv("K3FUSE_MLA_MMA", mma)
     monkeypatch.setenv("K3FUSE_MLA_PIPE", pipe)
-    assert ma.mma_scores(ma.padded_heads(h), R, C)
+    assert ma.mma_scores(ma.padded_heads(h), R, C) == (mma == "1")
     args = inputs(M, h, T, seq_lens)
     o = run_kernel(args)
     torch.cuda.synchronize()
