@@ -22,7 +22,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s15            # the one-launch MLA attention
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16            # session 15's unrun MMA score step
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16b           # MMA default: tests, pipeline A/B, README table
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16c           # TP8 table, MLA max-autotune row
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16c           # TP8 table (s16d: MLA max-autotune row)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
@@ -396,16 +396,18 @@ elif [ "$part" = s16b ]; then     # the MMA score step as the default (min_block
     echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s16b.tgz" -C "$L" .
-elif [ "$part" = s16c ]; then     # the TP8 table with the MMA default and the pipeline rule; MLA's max-autotune row at TP16 M = 1
+elif [ "$part" = s16c ]; then     # the TP8 table with the MMA default and the pipeline rule
     timeout 230 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1,8 --top 16 --tag _tp8 \
         > "$L/lb_tp8.txt" 2>&1
     echo "layer tp8 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_tp8.txt" | tee -a "$S"
     cp "$L"/layer_bench_tp8.json "$L"/layer_bench_tp8.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s16c.tgz" -C "$L" .
+elif [ "$part" = s16d ]; then     # MLA's max-autotune row at TP16 M = 1
     timeout 170 python3 benchmarks/layer_bench.py --out "$L" --kinds mla --tp 16 --ms 1 --top 16 --max-autotune \
         --tag _mat_mla > "$L/lb_mat.txt" 2>&1
     echo "layer max-autotune mla rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_mat.txt" | tee -a "$S"
     cp "$L"/layer_bench_mat_mla.json "$OUT/" 2>/dev/null
-    tar czf "$OUT/logs_s16c.tgz" -C "$L" .
+    tar czf "$OUT/logs_s16d.tgz" -C "$L" .
 elif [ "$part" = s17 ]; then      # issue 5's stale rows: end to end at M = 1 and 8 (uncut), TP16 M = 64 (every backend), max-autotune at M = 1
     timeout 240 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
@@ -444,6 +446,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s17)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17)" >&2
     exit 2
 fi

@@ -450,7 +450,7 @@ def test_kernels_cli_plans_groups():
                                   if j["op"] == "k3fuse::linear_group"}
 
 
-def test_plan_follows_runtime_choices():
+def test_plan_follows_runtime_choices(monkeypatch):
     """`k3fuse kernels` lists what runs: the MLA head-group kernel at TP2 (48 heads -> 3 launches of 16), the
     routed-expert config of the H200 table for sm_90a (heuristic for an arch without a table)."""
     from k3fuse.codegen import kernels_cli, moe_experts
@@ -465,8 +465,14 @@ def test_plan_follows_runtime_choices():
     # one kernel per distinct split + tile pipeline (TP16; at a 1024-token context M = 16 and 64 have more split CTAs
     # than SMs: no pipeline)
     assert got == {(8, 8, True): [1], (32, 8, True): [8], (8, 8, False): [16], (4, 4, False): [64]}
-    jobs8p, _ = kernels_cli.plan("k3", 8, [1, 8], "sm_90a")         # 12 heads: no pipeline at M = 1 (mla pipe_for)
+    # 12 heads with the MMA score step (the default): the pipeline at M = 1 too; with CUDA-core scores, not at M = 1
+    jobs8p, _ = kernels_cli.plan("k3", 8, [1, 8], "sm_90a")
     assert {j["config"]["pipe"]: j["config"]["buckets"] for j in jobs8p if j["family"] == "mla_attention"} == \
+        {True: [1, 8]}
+    monkeypatch.setenv("K3FUSE_MLA_MMA", "0")
+    jobs8c, _ = kernels_cli.plan("k3", 8, [1, 8], "sm_90a")
+    monkeypatch.delenv("K3FUSE_MLA_MMA")
+    assert {j["config"]["pipe"]: j["config"]["buckets"] for j in jobs8c if j["family"] == "mla_attention"} == \
         {False: [1], True: [8]}
     # one head group (TP16): pass fuse_mla_append_and_gate's op, its append + gate variant; TP2's groups: the plain one
     assert {j["op"] for j in jobs3 if j["family"] == "mla_attention"} == {"k3fuse::mla_append_attention_"}
