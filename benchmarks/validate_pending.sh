@@ -24,6 +24,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16b           # MMA default: tests, pipeline A/B, README table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16c           # TP8 table (s16d: MLA max-autotune row)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's unrun K3FUSE_MOE_UP_CHUNK
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
 #       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,
@@ -408,6 +409,16 @@ elif [ "$part" = s16d ]; then     # MLA's max-autotune row at TP16 M = 1
     echo "layer max-autotune mla rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_mat.txt" | tee -a "$S"
     cp "$L"/layer_bench_mat_mla.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s16d.tgz" -C "$L" .
+elif [ "$part" = s17b ]; then     # session 16's unrun K3FUSE_MOE_UP_CHUNK (the grouped up kernel's members per owner CTA): tests, memcheck, layer A/Bs at M = 64 and 8
+    pytests moe_chunk 300 tests/test_moe_kernel_gpu.py -k "member_chunks or matches_reference"
+    K3FUSE_MOE_UP_CHUNK=2 memcheck sanitizer_moe_chunk 200 tests/test_moe_kernel_gpu.py -k "matches_reference and tp16"
+    for mc in 2 4; do
+        timeout 150 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_CHUNK=0,$mc --kinds kda,mla --tp 16 \
+            --ms 64,8 --pairs 10 --tag _chunk$mc > "$L/ab_chunk$mc.txt" 2>&1
+        echo "layer_ab MOE_UP_CHUNK=0,$mc rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_chunk$mc.txt" | tee -a "$S"
+        cp "$L"/layer_ab_chunk$mc.json "$OUT/" 2>/dev/null
+    done
+    tar czf "$OUT/logs_s17b.tgz" -C "$L" .
 elif [ "$part" = s17 ]; then      # issue 5's stale rows: end to end at M = 1 and 8 (uncut), TP16 M = 64 (every backend), max-autotune at M = 1
     timeout 240 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
@@ -446,6 +457,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b)" >&2
     exit 2
 fi

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Optional
 
 from .buckets import MAX_M, bucket_for
@@ -98,6 +99,21 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
     return default_config(E, I, D, KT, bucket)
 
 
+def up_chunk(G: int) -> int:
+    """Members per owner CTA of the grouped up kernel (MC): K3FUSE_MOE_UP_CHUNK=N splits an expert's member tokens
+    into chunks of N (rounded up to a multiple of G), each owned by its first member's pair, so an expert chosen by
+    many tokens is worked by several CTAs side by side. 0 / unset (the default): one owner per expert, which loops
+    over all its members in passes of G. Opt-in, written in session 16 after the device time ran out (not yet
+    timed): the TP16 M = 64 layer's up kernel took 399 us for ~300 chosen experts (2.75 MB each: ~200 us of bytes),
+    and the benchmark's routing (random router, correction bias std 0.1) gives the most chosen expert ~16-23 of the
+    64 tokens: at G = 2 its owner runs 8-12 passes x CPC column groups in series. Read at render time (the memo
+    keys on it)."""
+    n = int(os.environ.get("K3FUSE_MOE_UP_CHUNK", "0") or 0)
+    if n <= 0:
+        return 0
+    return -(-n // G) * G
+
+
 UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the ids scan before it exits)
 
 
@@ -137,7 +153,8 @@ def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Option
 def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     nv = D // 8
     group = bool(cfg["GROUP"]) and bucket > 1
-    return dict(E=E, I=I, D=D, KT=KT, BM=bucket, BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
+    G = min(cfg["G"], bucket) if group else 1
+    return dict(E=E, I=I, D=D, KT=KT, BM=bucket, MC=up_chunk(G) if group else 0, BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
                 R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=min(cfg["G"], bucket) if group else 1,
                 GROUP=group, CPC=cfg.get("CPC", 1) if group else 1, WD=cfg["WD"], LPR=cfg["LPR"], RT=cfg["RT"], VPL=(I // 8) // cfg["LPR"],
                 SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])), KS=cfg.get("KS", 1),
@@ -160,7 +177,8 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     """Compiled kernel pair for (E, I, D, k, bucket, beta, lbeta, config, arch); memoised."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load)
+    memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
+            os.environ.get("K3FUSE_MOE_UP_CHUNK", ""))
     k = _built.get(memo)
     if k is not None:
         return k

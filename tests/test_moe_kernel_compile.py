@@ -77,6 +77,27 @@ def test_compiles(arch, tp, b):
     assert me.build(E, I, D, KT, b, arch=arch, load=False) is k  # memoised
 
 
+@pytest.mark.parametrize("arch,tp", [("sm_90a", 16), ("sm_100a", 8)])
+def test_up_member_chunks_compile(arch, tp, monkeypatch):
+    """K3FUSE_MOE_UP_CHUNK=N (opt-in): the grouped up kernel with N members per owner CTA, rounded up to a multiple of
+    G; a different source (so compile key) from the default, the same checks; ignored by the ungrouped bucket 1."""
+    I = I_TP[tp]
+    monkeypatch.delenv("K3FUSE_MOE_UP_CHUNK", raising=False)
+    plain, cfg = me.render_source(E, I, D, KT, 64)
+    G = me.template_params(E, I, D, KT, 64, cfg, 4.0, 25.0)["G"]
+    monkeypatch.setenv("K3FUSE_MOE_UP_CHUNK", "3")
+    assert me.up_chunk(G) == -(-3 // G) * G and me.up_chunk(1) == 3
+    chunked, _ = me.render_source(E, I, D, KT, 64)
+    assert chunked != plain and f"MC = {me.up_chunk(G)} " in chunked and "MC = 0 " in plain
+    ungrouped = me.render_source(E, I, D, KT, 1)[0]
+    monkeypatch.setenv("K3FUSE_MOE_UP_CHUNK", "0")
+    assert me.render_source(E, I, D, KT, 1)[0] == ungrouped
+    monkeypatch.setenv("K3FUSE_MOE_UP_CHUNK", "4")
+    k = me.build(E, I, D, KT, 64, arch=arch, load=False)
+    assert "sPos" in open(k.files["kernel.py"]).read()
+    _ptx_checks(k, arch, I, 64)
+
+
 def test_fallback_on_cpu_logs_once(caplog):
     from k3fuse import ops
     from k3fuse.codegen import registry
