@@ -24,7 +24,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16b           # MMA default: tests, pipeline A/B, README table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16c           # TP8 table (s16d: MLA max-autotune row)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's unrun K3FUSE_MOE_UP_CHUNK
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's unrun K3FUSE_MOE_UP_CHUNK, K3FUSE_MOE_DOWN_GROUP
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
 #       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,
@@ -409,14 +409,15 @@ elif [ "$part" = s16d ]; then     # MLA's max-autotune row at TP16 M = 1
     echo "layer max-autotune mla rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_mat.txt" | tee -a "$S"
     cp "$L"/layer_bench_mat_mla.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s16d.tgz" -C "$L" .
-elif [ "$part" = s17b ]; then     # session 16's unrun K3FUSE_MOE_UP_CHUNK (the grouped up kernel's members per owner CTA): tests, memcheck, layer A/Bs at M = 64 and 8
-    pytests moe_chunk 300 tests/test_moe_kernel_gpu.py -k "member_chunks or matches_reference"
-    K3FUSE_MOE_UP_CHUNK=2 memcheck sanitizer_moe_chunk 200 tests/test_moe_kernel_gpu.py -k "matches_reference and tp16"
-    for mc in 2 4; do
-        timeout 150 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_CHUNK=0,$mc --kinds kda,mla --tp 16 \
-            --ms 64,8 --pairs 10 --tag _chunk$mc > "$L/ab_chunk$mc.txt" 2>&1
-        echo "layer_ab MOE_UP_CHUNK=0,$mc rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_chunk$mc.txt" | tee -a "$S"
-        cp "$L"/layer_ab_chunk$mc.json "$OUT/" 2>/dev/null
+elif [ "$part" = s17b ]; then     # session 16's unrun MoE variants (K3FUSE_MOE_UP_CHUNK, K3FUSE_MOE_DOWN_GROUP): tests, memcheck, layer A/Bs at M = 64 and 8
+    pytests moe_new 200 tests/test_moe_kernel_gpu.py -k "member_chunks or down_grouped or matches_reference"
+    K3FUSE_MOE_UP_CHUNK=2 K3FUSE_MOE_DOWN_GROUP=1 memcheck sanitizer_moe_new 120 tests/test_moe_kernel_gpu.py \
+        -k "matches_reference and tp16 and not member_chunks and not down_grouped"
+    for v in K3FUSE_MOE_UP_CHUNK=0,2 K3FUSE_MOE_DOWN_GROUP=0,1; do
+        timeout 120 python3 benchmarks/layer_ab.py --out "$L" --var $v --kinds kda --tp 16 --ms 64,8 --pairs 10 \
+            --tag _${v%%=*} > "$L/ab_${v%%=*}.txt" 2>&1
+        echo "layer_ab $v rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_${v%%=*}.txt" | tee -a "$S"
+        cp "$L"/layer_ab_${v%%=*}.json "$OUT/" 2>/dev/null
     done
     tar czf "$OUT/logs_s17b.tgz" -C "$L" .
 elif [ "$part" = s17 ]; then      # issue 5's stale rows: end to end at M = 1 and 8 (uncut), TP16 M = 64 (every backend), max-autotune at M = 1
