@@ -101,7 +101,7 @@ def test_up_member_chunks_compile(arch, tp, monkeypatch):
 @pytest.mark.parametrize("arch,tp,mc", [("sm_90a", 16, "0"), ("sm_100a", 8, "2")])
 def test_down_grouped_compiles(arch, tp, mc, monkeypatch):
     """K3FUSE_MOE_DOWN_GROUP=1 (opt-in): at a grouped bucket the down projection as the grouped kernel (W2 rows held in
-    registers over the member tokens: RT * VPL weight vectors + VPL a vectors per lane, no local memory) and the
+    registers over the member tokens, whose a rows are in shared memory; no local memory) and the
     combine kernel (KT 16-byte y loads, one 16-byte store per thread); bucket 1 and the default keep the one down
     kernel, whose source does not change."""
     I = I_TP[tp]
@@ -124,7 +124,10 @@ def test_down_grouped_compiles(arch, tp, mc, monkeypatch):
     cb = next(v for n, v in ents.items() if "combine_kernel" in n)
     assert len(ents) == 3 and not [n for n in ents if n.startswith("kernel_cutlass_down_kernel")]
     v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
-    assert len(re.findall(v4, dg)) == p["RT"] * p["VPL"] + p["VPL"]
+    # W2: row chunk 0's RT * VPL vectors, then each chunk's next ones; a: one vector per copy into shared memory,
+    # then VPL shared-memory vectors per member
+    assert len(re.findall(v4, dg)) == 2 * p["RT"] * p["VPL"] + 1
+    assert len(re.findall(r"ld\.shared(?:\.[a-z0-9:_]+)*\.v4", dg)) == p["VPL"]
     assert len(re.findall(v4, cb)) >= KT and len(re.findall(r"st\.global(?:\.[a-z0-9:_]+)*\.(?:v4|v2\.b64)", cb)) == 1
 
 
