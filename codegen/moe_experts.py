@@ -127,6 +127,11 @@ def down_grouped() -> bool:
     return os.environ.get("K3FUSE_MOE_DOWN_GROUP", "0") == "1"
 
 
+def _grouped_down_on(cfg: dict, bucket: int) -> bool:
+    """The grouped down + combine replace the down kernel: at grouped buckets, with the knob on."""
+    return bool(cfg["GROUP"]) and bucket > 1 and down_grouped()
+
+
 def dpc_for(D: int, DR: int, KT: int, bucket: int) -> int:
     """Row chunks (of DR) per grouped-down CTA: the smallest divisor of D / DR that keeps bucket * k * D / (DR * DPC)
     CTAs <= UP_CTAS (every CTA pays the member scan before the non-owners exit)."""
@@ -175,14 +180,14 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     group = bool(cfg["GROUP"]) and bucket > 1
     G = min(cfg["G"], bucket) if group else 1
     DR = cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"]
-    dgroup = group and down_grouped()
     # DGROUP / DPC only when on: the default source (and so its compile key) stays as before the variant
-    extra = dict(DGROUP=True, DPC=dpc_for(D, DR, KT, bucket)) if dgroup else {}
-    return dict(E=E, I=I, D=D, KT=KT, BM=bucket, MC=up_chunk(G) if group else 0, **extra, BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
-                R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=min(cfg["G"], bucket) if group else 1,
+    extra = dict(DGROUP=True, DPC=dpc_for(D, DR, KT, bucket)) if _grouped_down_on(cfg, bucket) else {}
+    return dict(E=E, I=I, D=D, KT=KT, BM=bucket, MC=up_chunk(G) if group else 0, **extra,
+                BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
+                R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=G,
                 GROUP=group, CPC=cfg.get("CPC", 1) if group else 1, WD=cfg["WD"], LPR=cfg["LPR"], RT=cfg["RT"], VPL=(I // 8) // cfg["LPR"],
                 SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])), KS=cfg.get("KS", 1),
-                DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
+                DR=DR)
 
 
 def render_source(E, I, D, KT, bucket, beta=4.0, lbeta=25.0, cfg: Optional[dict] = None) -> tuple[str, dict]:
@@ -211,7 +216,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     meta = dict(family=FAMILY, op=OP, shape=dict(E=E, I=I, D=D, k=KT), bucket=bucket, config=cfg,
                 template=TEMPLATE, beta=float(beta), lbeta=float(lbeta))
     k = compile_source(src, arch, load=load, meta=meta)
-    _down_grouped[k.key] = bool(cfg["GROUP"]) and bucket > 1 and down_grouped()
+    _down_grouped[k.key] = _grouped_down_on(cfg, bucket)
     _built[memo] = k
     return k
 
