@@ -24,6 +24,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16b           # MMA default: tests, pipeline A/B, README table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16c           # TP8 table (s16d: MLA max-autotune row)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's unrun K3FUSE_MOE_UP_CHUNK, K3FUSE_MOE_DOWN_GROUP
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
@@ -420,6 +421,15 @@ elif [ "$part" = s17b ]; then     # session 16's unrun MoE variants (K3FUSE_MOE_
         cp "$L"/layer_ab_${v%%=*}.json "$OUT/" 2>/dev/null
     done
     tar czf "$OUT/logs_s17b.tgz" -C "$L" .
+elif [ "$part" = s18 ]; then      # issue 5's M = 64 rows with the defaults as they land: TP16 and TP8, every backend
+    pytests moe_gpu 150 tests/test_moe_kernel_gpu.py
+    for tp in 16 8; do
+        timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 64 --top 16 \
+            --tag _m64_tp$tp > "$L/lb_m64_tp$tp.txt" 2>&1
+        echo "layer TP$tp M=64 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m64_tp$tp.txt" | tee -a "$S"
+        cp "$L"/layer_bench_m64_tp$tp.json "$L"/layer_bench_m64_tp$tp.png "$OUT/" 2>/dev/null
+    done
+    tar czf "$OUT/logs_s18.tgz" -C "$L" .
 elif [ "$part" = s17 ]; then      # issue 5's stale rows: end to end at M = 1 and 8 (uncut), TP16 M = 64 (every backend), max-autotune at M = 1
     timeout 240 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
@@ -458,6 +468,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18)" >&2
     exit 2
 fi
