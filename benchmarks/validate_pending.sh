@@ -24,7 +24,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16b           # MMA default: tests, pipeline A/B, README table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16c           # TP8 table (s16d: MLA max-autotune row)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's unrun K3FUSE_MOE_UP_CHUNK, K3FUSE_MOE_DOWN_GROUP
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
@@ -429,6 +429,11 @@ elif [ "$part" = s18 ]; then      # issue 5's M = 64 rows with the defaults as t
         echo "layer TP$tp M=64 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m64_tp$tp.txt" | tee -a "$S"
         cp "$L"/layer_bench_m64_tp$tp.json "$L"/layer_bench_m64_tp$tp.png "$OUT/" 2>/dev/null
     done
+    # per-kernel times without the PDL chain (under it a kernel's time includes its wait for its predecessor)
+    K3FUSE_PDL_CHAIN=0 timeout 150 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8,64 \
+        --skip eager,inductor --top 20 --tag _nopdl > "$L/lb_nopdl.txt" 2>&1
+    echo "layer no PDL chain rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_nopdl.txt" | tee -a "$S"
+    cp "$L"/layer_bench_nopdl.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s18.tgz" -C "$L" .
 elif [ "$part" = s17 ]; then      # issue 5's stale rows: end to end at M = 1 and 8 (uncut), TP16 M = 64 (every backend), max-autotune at M = 1
     timeout 240 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
