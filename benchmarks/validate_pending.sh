@@ -25,7 +25,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16c           # TP8 table (s16d: MLA max-autotune row)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's unrun K3FUSE_MOE_UP_CHUNK, K3FUSE_MOE_DOWN_GROUP
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's MoE variants (since removed: slower, session 17)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s12m           # MLA attention kernels (needs .ab_old/:
 #       mkdir -p .ab_old/codegen .ab_old/templates; git show 9a81604:codegen/mla_attention.py > .ab_old/codegen/...,

@@ -11,9 +11,6 @@ current stream (scratch a [M, k, I] bf16 between them):
         Not grouped: W2 is read once per (token, slot), but the grid runs the M tokens of one D-chunk side by
         side, so a W2 slice shared by several tokens should come from L2 after the first (unmeasured).
 Both are CUDA-core kernels with 16-byte weight loads and compile-time register indices.
-Opt-in variants for the grouped buckets (session 16, not yet run on a GPU): up_chunk() (K3FUSE_MOE_UP_CHUNK, an
-expert's members split over several owner CTAs) and down_grouped() (K3FUSE_MOE_DOWN_GROUP, the down projection
-grouped per expert + a combine kernel: three launches).
 
 Status (2026-11-29): renders and compiles for sm_90a and sm_100a (tests/test_moe_kernel_compile.py); matches the
 reference on the H200 (tests/test_moe_kernel_gpu.py); registered by registry.register() (IMPLS below).
@@ -25,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Optional
 
 from .buckets import MAX_M, bucket_for
@@ -102,43 +98,6 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
     return default_config(E, I, D, KT, bucket)
 
 
-def up_chunk(G: int) -> int:
-    """Members per owner CTA of the grouped up kernel (MC): K3FUSE_MOE_UP_CHUNK=N splits an expert's member tokens
-    into chunks of N (rounded up to a multiple of G), each owned by its first member's pair, so an expert chosen by
-    many tokens is worked by several CTAs side by side. 0 / unset (the default): one owner per expert, which loops
-    over all its members in passes of G. Opt-in, written in session 16 after the device time ran out (not yet
-    timed): the TP16 M = 64 layer's up kernel took 399 us for ~300 chosen experts (2.75 MB each: ~200 us of bytes),
-    and the benchmark's routing (random router, correction bias std 0.1) gives the most chosen expert ~16-23 of the
-    64 tokens: at G = 2 its owner runs 8-12 passes x CPC column groups in series. Read at render time (the memo
-    keys on it)."""
-    n = int(os.environ.get("K3FUSE_MOE_UP_CHUNK", "0") or 0)
-    if n <= 0:
-        return 0
-    return -(-n // G) * G
-
-
-def down_grouped() -> bool:
-    """K3FUSE_MOE_DOWN_GROUP=1 (opt-in, written in session 16 after the device time ran out; not yet run on a GPU):
-    at buckets > 1 the down projection as a grouped kernel (each chosen expert's W2 read once, its rows held in
-    registers over the member tokens, y [M, k, D] bf16 written per slot) plus a combine kernel (the fp32 sum over
-    slots), instead of the down kernel that reads W2 per (token, slot). The TP16 M = 64 layer's down kernel took
-    240 us for ~300 chosen experts' W2 (0.41 GB, ~100 us of bytes) and ~1.4 GB of L2 -> SM traffic. One launch more.
-    Read at render time (the memo keys on it)."""
-    return os.environ.get("K3FUSE_MOE_DOWN_GROUP", "0") == "1"
-
-
-def _grouped_down_on(cfg: dict, bucket: int) -> bool:
-    """The grouped down + combine replace the down kernel: at grouped buckets, with the knob on."""
-    return bool(cfg["GROUP"]) and bucket > 1 and down_grouped()
-
-
-def dpc_for(D: int, DR: int, KT: int, bucket: int) -> int:
-    """Row chunks (of DR) per grouped-down CTA: the smallest divisor of D / DR that keeps bucket * k * D / (DR * DPC)
-    CTAs <= UP_CTAS (every CTA pays the member scan before the non-owners exit)."""
-    nd = D // DR
-    return next(d for d in range(1, nd + 1) if nd % d == 0 and (bucket * KT * (nd // d) <= UP_CTAS or d == nd))
-
-
 UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the ids scan before it exits)
 
 
@@ -178,16 +137,11 @@ def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Option
 def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     nv = D // 8
     group = bool(cfg["GROUP"]) and bucket > 1
-    G = min(cfg["G"], bucket) if group else 1
-    DR = cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"]
-    # DGROUP / DPC only when on: the default source (and so its compile key) stays as before the variant
-    extra = dict(DGROUP=True, DPC=dpc_for(D, DR, KT, bucket)) if _grouped_down_on(cfg, bucket) else {}
-    return dict(E=E, I=I, D=D, KT=KT, BM=bucket, MC=up_chunk(G) if group else 0, **extra,
-                BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
-                R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=G,
+    return dict(E=E, I=I, D=D, KT=KT, BM=bucket, BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
+                R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=min(cfg["G"], bucket) if group else 1,
                 GROUP=group, CPC=cfg.get("CPC", 1) if group else 1, WD=cfg["WD"], LPR=cfg["LPR"], RT=cfg["RT"], VPL=(I // 8) // cfg["LPR"],
                 SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])), KS=cfg.get("KS", 1),
-                DR=DR)
+                DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
 
 
 def render_source(E, I, D, KT, bucket, beta=4.0, lbeta=25.0, cfg: Optional[dict] = None) -> tuple[str, dict]:
@@ -199,7 +153,6 @@ def render_source(E, I, D, KT, bucket, beta=4.0, lbeta=25.0, cfg: Optional[dict]
 
 
 _built: dict = {}
-_down_grouped: dict = {}    # compile key -> the kernel takes the grouped down's y scratch (one more argument)
 
 
 def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta: float = 25.0,
@@ -207,8 +160,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     """Compiled kernel pair for (E, I, D, k, bucket, beta, lbeta, config, arch); memoised."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
-            os.environ.get("K3FUSE_MOE_UP_CHUNK", ""), down_grouped())
+    memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load)
     k = _built.get(memo)
     if k is not None:
         return k
@@ -216,7 +168,6 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     meta = dict(family=FAMILY, op=OP, shape=dict(E=E, I=I, D=D, k=KT), bucket=bucket, config=cfg,
                 template=TEMPLATE, beta=float(beta), lbeta=float(lbeta))
     k = compile_source(src, arch, load=load, meta=meta)
-    _down_grouped[k.key] = _grouped_down_on(cfg, bucket)
     _built[memo] = k
     return k
 
@@ -232,10 +183,7 @@ def moe_experts(z, ids, weights, w13, w2, beta: float, linear_beta: float, cfg: 
     k = build(E, I, D, KT, bucket_for(M), beta, linear_beta, cfg)
     a = scratch if scratch is not None else torch.empty(M, KT, I, dtype=torch.bfloat16, device=z.device)
     y = out if out is not None else torch.empty(M, D, dtype=torch.bfloat16, device=z.device)
-    if _down_grouped[k.key]:        # the grouped down's per-slot outputs, summed by its combine kernel
-        k(z, ids, weights, w13, w2, a, y, torch.empty(M, KT, D, dtype=torch.bfloat16, device=z.device))
-    else:
-        k(z, ids, weights, w13, w2, a, y)
+    k(z, ids, weights, w13, w2, a, y)
     return y
 
 

@@ -77,60 +77,6 @@ def test_compiles(arch, tp, b):
     assert me.build(E, I, D, KT, b, arch=arch, load=False) is k  # memoised
 
 
-@pytest.mark.parametrize("arch,tp", [("sm_90a", 16), ("sm_100a", 8)])
-def test_up_member_chunks_compile(arch, tp, monkeypatch):
-    """K3FUSE_MOE_UP_CHUNK=N (opt-in): the grouped up kernel with N members per owner CTA, rounded up to a multiple of
-    G; a different source (so compile key) from the default, the same checks; ignored by the ungrouped bucket 1."""
-    I = I_TP[tp]
-    monkeypatch.delenv("K3FUSE_MOE_UP_CHUNK", raising=False)
-    plain, cfg = me.render_source(E, I, D, KT, 64)
-    G = me.template_params(E, I, D, KT, 64, cfg, 4.0, 25.0)["G"]
-    monkeypatch.setenv("K3FUSE_MOE_UP_CHUNK", "3")
-    assert me.up_chunk(G) == -(-3 // G) * G and me.up_chunk(1) == 3
-    chunked, _ = me.render_source(E, I, D, KT, 64)
-    assert chunked != plain and f"MC = {me.up_chunk(G)} " in chunked and "MC = " not in plain
-    ungrouped = me.render_source(E, I, D, KT, 1)[0]
-    monkeypatch.setenv("K3FUSE_MOE_UP_CHUNK", "0")
-    assert me.render_source(E, I, D, KT, 1)[0] == ungrouped
-    monkeypatch.setenv("K3FUSE_MOE_UP_CHUNK", "4")
-    k = me.build(E, I, D, KT, 64, arch=arch, load=False)
-    assert "sPos" in open(k.files["kernel.py"]).read()
-    _ptx_checks(k, arch, I, 64)
-
-
-@pytest.mark.parametrize("arch,tp,mc", [("sm_90a", 16, "0"), ("sm_100a", 8, "2")])
-def test_down_grouped_compiles(arch, tp, mc, monkeypatch):
-    """K3FUSE_MOE_DOWN_GROUP=1 (opt-in): at a grouped bucket the down projection as the grouped kernel (W2 rows held in
-    registers over the member tokens, whose a rows are in shared memory; no local memory) and the
-    combine kernel (KT 16-byte y loads, one 16-byte store per thread); bucket 1 and the default keep the one down
-    kernel, whose source does not change."""
-    I = I_TP[tp]
-    monkeypatch.setenv("K3FUSE_MOE_UP_CHUNK", mc)
-    monkeypatch.delenv("K3FUSE_MOE_DOWN_GROUP", raising=False)
-    plain, cfg = me.render_source(E, I, D, KT, 64)
-    one = me.render_source(E, I, D, KT, 1)[0]
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_GROUP", "1")
-    src, _ = me.render_source(E, I, D, KT, 64)
-    assert src != plain and "def down_group_kernel" in src and "def down_group_kernel" not in plain
-    assert me.render_source(E, I, D, KT, 1)[0] == one
-    p = me.template_params(E, I, D, KT, 64, cfg, 4.0, 25.0)
-    assert (D // p["DR"]) % p["DPC"] == 0 and 64 * KT * D // (p["DR"] * p["DPC"]) <= me.UP_CTAS
-    k = me.build(E, I, D, KT, 64, arch=arch, load=False)
-    ptx = open(k.files["kernel.ptx"]).read()
-    assert "ld.local" not in ptx and "st.local" not in ptx
-    starts = [m.start() for m in re.finditer(r"\.entry\s", ptx)] + [len(ptx)]
-    ents = {re.match(r"\.entry\s+(\w+)", ptx[a:b]).group(1): ptx[a:b] for a, b in zip(starts, starts[1:])}
-    dg = next(v for n, v in ents.items() if "down_group_kernel" in n)
-    cb = next(v for n, v in ents.items() if "combine_kernel" in n)
-    assert len(ents) == 3 and not [n for n in ents if n.startswith("kernel_cutlass_down_kernel")]
-    v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
-    # W2: row chunk 0's RT * VPL vectors, then each chunk's next ones; a: one vector per copy into shared memory,
-    # then VPL shared-memory vectors per member
-    assert len(re.findall(v4, dg)) == 2 * p["RT"] * p["VPL"] + 1
-    assert len(re.findall(r"ld\.shared(?:\.[a-z0-9:_]+)*\.v4", dg)) == p["VPL"]
-    assert len(re.findall(v4, cb)) >= KT and len(re.findall(r"st\.global(?:\.[a-z0-9:_]+)*\.(?:v4|v2\.b64)", cb)) == 1
-
-
 def test_fallback_on_cpu_logs_once(caplog):
     from k3fuse import ops
     from k3fuse.codegen import registry

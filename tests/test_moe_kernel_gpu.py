@@ -66,52 +66,6 @@ def test_moe_experts_matches_reference(experts, M):
     assert torch.equal(me.moe_experts_cuda(z, ids, w, w13, w2, BETA, LBETA), out)
 
 
-@pytest.mark.parametrize("M", [8, 64])
-@pytest.mark.parametrize("mc", ["1", "2", "4"])
-def test_moe_up_member_chunks_match_reference(experts, M, mc, monkeypatch):
-    """K3FUSE_MOE_UP_CHUNK (the grouped up kernel's members per owner CTA, opt-in): the routing's experts have ~8
-    members at M = 64 (a pool of 128), so every chunk boundary is crossed; every (token, slot) of the scratch is
-    written (NaN-poisoned), the output matches the reference and, the sums per member being unchanged, the
-    unchunked kernel bit for bit."""
-    from k3fuse.codegen import moe_experts as me
-    I, w13, w2 = experts
-    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
-    ids, w = routing(M, 500 * M + I)
-    outs = []
-    for chunk in ("0", mc):
-        monkeypatch.setenv("K3FUSE_MOE_UP_CHUNK", chunk)
-        out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
-        a = torch.full((M, KT, I), float("nan"), device="cuda", dtype=torch.bfloat16)
-        me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out, scratch=a)
-        torch.cuda.synchronize()
-        assert torch.isfinite(a.float()).all(), f"chunk {chunk}: scratch a has unwritten (token, slot) entries"
-        outs.append(out)
-    assert rel(outs[1], reference(z, ids, w, w13, w2)) < 1e-2
-    assert torch.equal(outs[0], outs[1])
-
-
-@pytest.mark.parametrize("M", [3, 8, 64])
-@pytest.mark.parametrize("mc", ["0", "2"])
-def test_moe_down_grouped_matches_reference(experts, M, mc, monkeypatch):
-    """K3FUSE_MOE_DOWN_GROUP=1 (the grouped down + combine, opt-in), with and without member chunks: the output
-    matches the reference and the one down kernel (the same y bits per slot, summed in slot order), NaN-poisoned;
-    token 0 picks one expert twice (routing), so the a of an expert's lowest matching slot serves both."""
-    from k3fuse.codegen import moe_experts as me
-    I, w13, w2 = experts
-    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
-    ids, w = routing(M, 300 * M + I)
-    monkeypatch.setenv("K3FUSE_MOE_UP_CHUNK", mc)
-    outs = []
-    for dg in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_MOE_DOWN_GROUP", dg)
-        out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
-        me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out)
-        torch.cuda.synchronize()
-        outs.append(out)
-    assert rel(outs[1], reference(z, ids, w, w13, w2)) < 1e-2
-    assert rel(outs[1], outs[0]) < 1e-3
-
-
 def test_moe_experts_graph_replay(experts):
     from k3fuse.codegen import moe_experts as me
     I, w13, w2 = experts
