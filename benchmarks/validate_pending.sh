@@ -24,6 +24,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16b           # MMA default: tests, pipeline A/B, README table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16c           # TP8 table (s16d: MLA max-autotune row)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18m           # K3FUSE_MOE_UP_MMA: tests, memcheck, layer A/B; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's MoE variants (since removed: slower, session 17)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
@@ -421,6 +422,20 @@ elif [ "$part" = s17b ]; then     # session 16's unrun MoE variants (K3FUSE_MOE_
         cp "$L"/layer_ab_${v%%=*}.json "$OUT/" 2>/dev/null
     done
     tar czf "$OUT/logs_s17b.tgz" -C "$L" .
+elif [ "$part" = s18m ]; then     # the grouped up kernel on tensor cores (K3FUSE_MOE_UP_MMA): tests, memcheck, layer A/B; no-PDL profiles
+    pytests upmma 200 tests/test_moe_kernel_gpu.py -k up_mma
+    memcheck sanitizer_upmma 120 tests/test_moe_kernel_gpu.py -k "up_mma and tp16 and (16 or 64)"
+    timeout 200 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 16 --ms 64,16,8 \
+        --pairs 10 --tag _upmma > "$L/ab_upmma.txt" 2>&1
+    echo "layer_ab K3FUSE_MOE_UP_MMA=0,1 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_upmma.txt" | tee -a "$S"
+    cp "$L"/layer_ab_upmma.json "$OUT/" 2>/dev/null
+    for mma in 0 1; do
+        K3FUSE_MOE_UP_MMA=$mma K3FUSE_PDL_CHAIN=0 timeout 100 python3 benchmarks/layer_bench.py --out "$L" --kinds kda \
+            --tp 16 --ms 8,64 --skip eager,inductor --top 20 --tag _nopdl_mma$mma > "$L/lb_nopdl_mma$mma.txt" 2>&1
+        echo "layer no PDL chain, UP_MMA=$mma rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_nopdl_mma$mma.txt" | tee -a "$S"
+        cp "$L"/layer_bench_nopdl_mma$mma.json "$OUT/" 2>/dev/null
+    done
+    tar czf "$OUT/logs_s18m.tgz" -C "$L" .
 elif [ "$part" = s18 ]; then      # issue 5's M = 64 rows with the defaults as they land: TP16 and TP8, every backend
     for tp in 16 8; do
         timeout $((tp == 16 ? 150 : 200)) python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 64 --top 16 \
@@ -472,6 +487,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m)" >&2
     exit 2
 fi

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from typing import Optional
 
 from .buckets import MAX_M, bucket_for
@@ -101,6 +102,23 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
 UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the ids scan before it exits)
 
 
+def up_mma(I: int, D: int, KT: int, bucket: int, group: bool) -> Optional[dict]:
+    """The grouped up kernel on tensor cores (template UPMMA), or None for the CUDA-core one. K3FUSE_MOE_UP_MMA=1 turns
+    it on at the grouped buckets, 0 / unset leaves it off (opt-in until measured on a GPU). Why: at M = 64 the
+    CUDA-core owner re-reads W13_e from L2 once per pass of G = 2 members (~1.7 GB through L2 at the benchmark's
+    routing against 0.83 GB of distinct experts; session 17's member chunks, which kept that traffic, were slower);
+    MMAs with the members as N take MG = 16 members per pass. Read at render time (build's memo keys on it).
+    Returns UW (warps along K), UU (k-steps per load group), NTG (n-tiles of 8 members per pass), CPC."""
+    if os.environ.get("K3FUSE_MOE_UP_MMA", "0") != "1" or not group or bucket < 2 or I % 16:
+        return None
+    nv = D // 8
+    UU = 2
+    UW = next((w for w in (8, 4, 2, 1) if nv % (4 * UU * w) == 0), None)
+    if UW is None:
+        return None
+    return dict(UPMMA=True, UW=UW, UU=UU, NTG=2 if bucket >= 16 else 1, CPC=cpc_for(I, 16, KT, bucket))
+
+
 def cpc_for(I: int, R: int, KT: int, bucket: int) -> int:
     """Column groups per up CTA: the smallest power of two dividing I / R that keeps bucket * k * I / (R * CPC)
     CTAs <= UP_CTAS (1 for the ungrouped bucket 1)."""
@@ -137,11 +155,14 @@ def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Option
 def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     nv = D // 8
     group = bool(cfg["GROUP"]) and bucket > 1
-    return dict(E=E, I=I, D=D, KT=KT, BM=bucket, BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
-                R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=min(cfg["G"], bucket) if group else 1,
-                GROUP=group, CPC=cfg.get("CPC", 1) if group else 1, WD=cfg["WD"], LPR=cfg["LPR"], RT=cfg["RT"], VPL=(I // 8) // cfg["LPR"],
-                SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])), KS=cfg.get("KS", 1),
-                DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
+    params = dict(E=E, I=I, D=D, KT=KT, BM=bucket, BETA=repr(float(beta)), LBETA=repr(float(lbeta)),
+                  R=cfg["R"], W=cfg["W"], ITERS=-(-nv // (32 * cfg["W"])), G=min(cfg["G"], bucket) if group else 1,
+                  GROUP=group, CPC=cfg.get("CPC", 1) if group else 1, WD=cfg["WD"], LPR=cfg["LPR"], RT=cfg["RT"], VPL=(I // 8) // cfg["LPR"],
+                  SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])), KS=cfg.get("KS", 1),
+                  DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
+    # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were
+    params.update(up_mma(I, D, KT, bucket, group) or {})
+    return params
 
 
 def render_source(E, I, D, KT, bucket, beta=4.0, lbeta=25.0, cfg: Optional[dict] = None) -> tuple[str, dict]:
@@ -160,7 +181,8 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     """Compiled kernel pair for (E, I, D, k, bucket, beta, lbeta, config, arch); memoised."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load)
+    memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
+            os.environ.get("K3FUSE_MOE_UP_MMA", ""))
     k = _built.get(memo)
     if k is not None:
         return k

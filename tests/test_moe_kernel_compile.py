@@ -77,6 +77,34 @@ def test_compiles(arch, tp, b):
     assert me.build(E, I, D, KT, b, arch=arch, load=False) is k  # memoised
 
 
+@pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_90a", 8, 8), ("sm_100a", 16, 16), ("sm_100a", 8, 2)])
+def test_up_mma_compiles(arch, tp, b, monkeypatch):
+    """K3FUSE_MOE_UP_MMA=1 (opt-in): the grouped up kernel on tensor cores. Its source differs from the default only
+    when on; its PTX has the m16n8k16 MMAs of one load group (UU k-steps x 2 row tiles x NTG n-tiles x 2), 128-bit
+    weight and z loads and no local memory; the bucket-1 kernel (ungrouped) is not affected."""
+    I = I_TP[tp]
+    monkeypatch.delenv("K3FUSE_MOE_UP_MMA", raising=False)
+    plain, plain1 = me.render_source(E, I, D, KT, b)[0], me.render_source(E, I, D, KT, 1)[0]
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    src = me.render_source(E, I, D, KT, b)[0]
+    assert "up_mma_kernel(mZ" in src and "up_mma_kernel(mZ" not in plain
+    assert me.render_source(E, I, D, KT, 1)[0] == plain1
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")
+    assert me.render_source(E, I, D, KT, b)[0] == plain
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    p = me.up_mma(I, D, KT, b, True)
+    assert p["NTG"] == (2 if b >= 16 else 1) and (D // 8) % (4 * p["UU"] * p["UW"]) == 0
+    assert b * KT * (I // 16) // p["CPC"] <= me.UP_CTAS and (I // 16) % p["CPC"] == 0
+    k = me.build(E, I, D, KT, b, arch=arch, load=False)
+    ptx = open(k.files["kernel.ptx"]).read()
+    assert len(re.findall(r"\.entry\s", ptx)) == 2
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", ptx)) == \
+        p["UU"] * 2 * p["NTG"] * 2
+    loads = re.findall(r"ld\.global(?:\.[a-z0-9:_]+)*", ptx)
+    assert not [l for l in loads if re.search(r"\.(b|u|s)16$|\.bf16$", l)], set(loads)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
 def test_fallback_on_cpu_logs_once(caplog):
     from k3fuse import ops
     from k3fuse.codegen import registry
