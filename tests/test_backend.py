@@ -28,10 +28,14 @@ def _steps(model, compiled, M, steps, seed=0):
             ids = torch.randint(0, model.config.vocab_size, (M,), generator=g)
             out.append((model(ids, ce), compiled(ids, cc)))
     assert torch.equal(ce.seq_lens, cc.seq_lens)
+    # fp32 states (the KDA recurrence) of a bf16 model sum bf16-rounded inputs: one rounding flip of an input moves
+    # them by ~1e-4 relative (seen: 1.5e-4 at M = 3 on a 2-core CPU), so they get a bf16-model tolerance
+    bf16_model = next(model.parameters()).dtype == torch.bfloat16
     for x, y in zip(ce.conv_state + ce.recurrent_state + ce.latent_cache,
                     cc.conv_state + cc.recurrent_state + cc.latent_cache):
         if x is not None:
-            assert rel(y, x) < 2e-2 if x.dtype == torch.bfloat16 else rel(y, x) < 1e-4
+            tol = 2e-2 if x.dtype == torch.bfloat16 else (2e-3 if bf16_model else 1e-4)
+            assert rel(y, x) < tol
     return out
 
 
