@@ -25,6 +25,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16c           # TP8 table (s16d: MLA max-autotune row)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18m           # K3FUSE_MOE_UP_MMA: tests, memcheck, layer A/B; profiles without the PDL chain
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18t           # UP_MMA default: tests, A/B at M = 2, 4 and TP8, tables M = 8, 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's MoE variants (since removed: slower, session 17)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
@@ -436,6 +437,24 @@ elif [ "$part" = s18m ]; then     # the grouped up kernel on tensor cores (K3FUS
         cp "$L"/layer_bench_nopdl_mma$mma.json "$OUT/" 2>/dev/null
     done
     tar czf "$OUT/logs_s18m.tgz" -C "$L" .
+elif [ "$part" = s18t ]; then     # the tensor-core up kernel as the default from bucket 8: tests, A/Bs (M = 2, 4; TP8), tables
+    pytests moe 150 tests/test_moe_kernel_gpu.py -k "matches_reference or graph_replay"
+    timeout 100 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 16 --ms 2,4 \
+        --pairs 8 --tag _upmma_small > "$L/ab_upmma_small.txt" 2>&1
+    echo "layer_ab K3FUSE_MOE_UP_MMA=0,1 M=2,4 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_upmma_small.txt" | tee -a "$S"
+    cp "$L"/layer_ab_upmma_small.json "$OUT/" 2>/dev/null
+    timeout 100 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 8 --ms 8,64 \
+        --pairs 6 --tag _upmma_tp8 > "$L/ab_upmma_tp8.txt" 2>&1
+    echo "layer_ab K3FUSE_MOE_UP_MMA=0,1 TP8 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_upmma_tp8.txt" | tee -a "$S"
+    cp "$L"/layer_ab_upmma_tp8.json "$OUT/" 2>/dev/null
+    for tp in 16 8; do
+        ms=$([ $tp = 16 ] && echo 8,64 || echo 64)
+        timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms $ms --top 16 \
+            --tag _t_tp$tp > "$L/lb_t_tp$tp.txt" 2>&1
+        echo "layer TP$tp M=$ms rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_t_tp$tp.txt" | tee -a "$S"
+        cp "$L"/layer_bench_t_tp$tp.json "$L"/layer_bench_t_tp$tp.png "$OUT/" 2>/dev/null
+    done
+    tar czf "$OUT/logs_s18t.tgz" -C "$L" .
 elif [ "$part" = s18 ]; then      # issue 5's M = 64 rows with the defaults as they land: TP16 and TP8, every backend
     for tp in 16 8; do
         timeout $((tp == 16 ? 150 : 200)) python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 64 --top 16 \
@@ -487,6 +506,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t)" >&2
     exit 2
 fi

@@ -102,14 +102,22 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
 UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the ids scan before it exits)
 
 
+UP_MMA_MIN_BUCKET = 8   # the default takes the tensor-core up kernel from this bucket (measured there; see up_mma)
+
+
 def up_mma(I: int, D: int, KT: int, bucket: int, group: bool) -> Optional[dict]:
-    """The grouped up kernel on tensor cores (template UPMMA), or None for the CUDA-core one. K3FUSE_MOE_UP_MMA=1 turns
-    it on at the grouped buckets, 0 / unset leaves it off (opt-in until measured on a GPU). Why: at M = 64 the
-    CUDA-core owner re-reads W13_e from L2 once per pass of G = 2 members (~1.7 GB through L2 at the benchmark's
-    routing against 0.83 GB of distinct experts; session 17's member chunks, which kept that traffic, were slower);
-    MMAs with the members as N take MG = 16 members per pass. Read at render time (build's memo keys on it).
-    Returns UW (warps along K), UU (k-steps per load group), NTG (n-tiles of 8 members per pass), CPC."""
-    if os.environ.get("K3FUSE_MOE_UP_MMA", "0") != "1" or not group or bucket < 2 or I % 16:
+    """The grouped up kernel on tensor cores (template UPMMA), or None for the CUDA-core one: the default from bucket
+    UP_MMA_MIN_BUCKET; K3FUSE_MOE_UP_MMA=1 takes it at every grouped bucket, 0 never. Why: the CUDA-core owner
+    re-reads W13_e from L2 once per pass of G members (G = 2 at bucket 64), the MMA kernel once per 16 (NTG = 2
+    n-tiles of 8). Measured on the H200 (2026-12-02, session 17, KDA + MoE layer at TP16, layer_ab, 10 / 10 pairs
+    faster each): M = 64 747.1 -> 561.1 us, M = 16 332.7 -> 269.0, M = 8 216.5 -> 200.0; the up kernel alone
+    (profile without the PDL chain) 396.9 -> 219.5 us at M = 64, 90.8 -> 73.0 at M = 8. Buckets 2 and 4: not yet
+    timed in the layer (GPU test only). Read at render time (build's memo keys on the variable).
+    Returns the template's UPMMA, UW (warps along K), UU (k-steps per load group), NTG (n-tiles of 8 members per
+    pass) and the kernel's own CPC (column blocks of 16 per CTA)."""
+    env = os.environ.get("K3FUSE_MOE_UP_MMA", "")
+    on = env == "1" or (env != "0" and bucket >= UP_MMA_MIN_BUCKET)
+    if not on or not group or bucket < 2 or I % 16:
         return None
     nv = D // 8
     UU = 2

@@ -79,18 +79,20 @@ def test_compiles(arch, tp, b):
 
 @pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_90a", 8, 8), ("sm_100a", 16, 16), ("sm_100a", 8, 2)])
 def test_up_mma_compiles(arch, tp, b, monkeypatch):
-    """K3FUSE_MOE_UP_MMA=1 (opt-in): the grouped up kernel on tensor cores. Its source differs from the default only
-    when on; its PTX has the m16n8k16 MMAs of one load group (UU k-steps x 2 row tiles x NTG n-tiles x 2), 128-bit
-    weight and z loads and no local memory; the bucket-1 kernel (ungrouped) is not affected."""
+    """The grouped up kernel on tensor cores (the default from bucket UP_MMA_MIN_BUCKET; K3FUSE_MOE_UP_MMA=1 at every
+    grouped bucket, 0 never): the sources differ only where it is on; its PTX has the m16n8k16 MMAs of one load group
+    (UU k-steps x 2 row tiles x NTG n-tiles x 2), no 16-bit loads and no local memory; bucket 1 (ungrouped) never
+    takes it."""
     I = I_TP[tp]
-    monkeypatch.delenv("K3FUSE_MOE_UP_MMA", raising=False)
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")
     plain, plain1 = me.render_source(E, I, D, KT, b)[0], me.render_source(E, I, D, KT, 1)[0]
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
     src = me.render_source(E, I, D, KT, b)[0]
     assert "up_mma_kernel(mZ" in src and "up_mma_kernel(mZ" not in plain
     assert me.render_source(E, I, D, KT, 1)[0] == plain1
-    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")
-    assert me.render_source(E, I, D, KT, b)[0] == plain
+    monkeypatch.delenv("K3FUSE_MOE_UP_MMA")
+    assert me.render_source(E, I, D, KT, b)[0] == (src if b >= me.UP_MMA_MIN_BUCKET else plain)
+    assert me.render_source(E, I, D, KT, 1)[0] == plain1
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
     p = me.up_mma(I, D, KT, b, True)
     assert p["NTG"] == (2 if b >= 16 else 1) and (D // 8) % (4 * p["UU"] * p["UW"]) == 0

@@ -126,8 +126,9 @@ def test_moe_down_slot_groups(experts, M, ks, wd):
 
 @pytest.mark.parametrize("M", [2, 3, 8, 16, 64])
 def test_moe_up_mma_matches_reference(experts, M, monkeypatch):
-    """K3FUSE_MOE_UP_MMA=1 (the grouped up kernel on tensor cores, opt-in): every (token, slot) of the scratch a is
-    written (NaN-poisoned) and equals the CUDA-core kernel's up to rounding; the output matches the reference. Slot 2
+    """The grouped up kernel on tensor cores (K3FUSE_MOE_UP_MMA=1) against the CUDA-core one (=0): every (token, slot)
+    of the scratch a is written (NaN-poisoned) and equals the CUDA-core kernel's up to rounding; the output matches
+    the reference. Slot 2
     is one expert for every token, so at M = 64 its owner runs 4 passes of 16 members (and the last pass of a
     smaller expert is partial)."""
     from k3fuse.codegen import moe_experts as me
