@@ -25,7 +25,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s16c           # TP8 table (s16d: MLA max-autotune row)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18m           # K3FUSE_MOE_UP_MMA: tests, memcheck, layer A/B; profiles without the PDL chain
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18t           # UP_MMA default: tests, A/B at M = 2, 4 and TP8, tables M = 8, 64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18t           # UP_MMA default: tests, A/B at TP8, tables M = 8, 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's MoE variants (since removed: slower, session 17)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
@@ -437,12 +437,8 @@ elif [ "$part" = s18m ]; then     # the grouped up kernel on tensor cores (K3FUS
         cp "$L"/layer_bench_nopdl_mma$mma.json "$OUT/" 2>/dev/null
     done
     tar czf "$OUT/logs_s18m.tgz" -C "$L" .
-elif [ "$part" = s18t ]; then     # the tensor-core up kernel as the default from bucket 8: tests, A/Bs (M = 2, 4; TP8), tables
-    pytests moe 150 tests/test_moe_kernel_gpu.py -k "matches_reference or graph_replay"
-    timeout 100 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 16 --ms 2,4 \
-        --pairs 8 --tag _upmma_small > "$L/ab_upmma_small.txt" 2>&1
-    echo "layer_ab K3FUSE_MOE_UP_MMA=0,1 M=2,4 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_upmma_small.txt" | tee -a "$S"
-    cp "$L"/layer_ab_upmma_small.json "$OUT/" 2>/dev/null
+elif [ "$part" = s18t ]; then     # the tensor-core up kernel as the default from bucket 8: tests, A/B at TP8, tables
+    pytests moe 150 tests/test_moe_kernel_gpu.py -k "test_moe_experts_matches_reference or graph_replay"
     timeout 100 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 8 --ms 8,64 \
         --pairs 6 --tag _upmma_tp8 > "$L/ab_upmma_tp8.txt" 2>&1
     echo "layer_ab K3FUSE_MOE_UP_MMA=0,1 TP8 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_upmma_tp8.txt" | tee -a "$S"
