@@ -26,6 +26,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17            # end to end uncut, M = 64, max-autotune
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18m           # K3FUSE_MOE_UP_MMA: tests, memcheck, layer A/B; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18t           # UP_MMA default: tests, A/B at TP8, tables M = 8, 64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18u           # the table-driven UPMMA: tests, which up kernel runs, A/B M = 2, 4, e2e M = 8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's MoE variants (since removed: slower, session 17)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
@@ -451,6 +452,22 @@ elif [ "$part" = s18t ]; then     # the tensor-core up kernel as the default fro
         cp "$L"/layer_bench_t_tp$tp.json "$L"/layer_bench_t_tp$tp.png "$OUT/" 2>/dev/null
     done
     tar czf "$OUT/logs_s18t.tgz" -C "$L" .
+elif [ "$part" = s18u ]; then     # the up kernel's variant from the H200 table: tests, which kernel each layer runs, A/B at M = 2, 4, end to end M = 8
+    pytests moe 150 tests/test_moe_kernel_gpu.py -k "test_moe_experts_matches_reference or graph_replay or up_mma"
+    for tp in 16 8; do
+        timeout 90 python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp $tp --ms 8 --skip eager,inductor --top 20 \
+            --tag _u_tp$tp > "$L/lb_u_tp$tp.txt" 2>&1
+        echo "layer TP$tp M=8 rc=$? up kernel: $(grep -o 'up_mma_kernel\|up_kernel' "$L/layer_bench_u_tp$tp.json" | sort | uniq -c | tr '\n' ' ')" | tee -a "$S"
+        sed -n '/^kind/,/^$/p' "$L/lb_u_tp$tp.txt" | tee -a "$S"
+    done
+    timeout 100 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 16 --ms 2,4 \
+        --pairs 8 --tag _upmma_small > "$L/ab_upmma_small.txt" 2>&1
+    echo "layer_ab K3FUSE_MOE_UP_MMA=0,1 M=2,4 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_upmma_small.txt" | tee -a "$S"
+    cp "$L"/layer_ab_upmma_small.json "$OUT/" 2>/dev/null
+    timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 8 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e M=8 rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
+    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s18u.tgz" -C "$L" .
 elif [ "$part" = s18 ]; then      # issue 5's M = 64 rows with the defaults as they land: TP16 and TP8, every backend
     for tp in 16 8; do
         timeout $((tp == 16 ? 150 : 200)) python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 64 --top 16 \
@@ -502,6 +519,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t, s18u)" >&2
     exit 2
 fi

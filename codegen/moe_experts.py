@@ -95,6 +95,8 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
             cfg.setdefault("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"]))
         cfg.setdefault("KS", default_ks(KT, bucket))
         if set(cfg) == set(KNOBS) and supports(E, I, D, KT, bucket, cfg) is None:
+            if "UPMMA" in t:                         # the up kernel's variant where measured (see up_mma)
+                cfg["UPMMA"] = int(t["UPMMA"])
             return cfg
     return default_config(E, I, D, KT, bucket)
 
@@ -102,21 +104,26 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
 UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the ids scan before it exits)
 
 
-UP_MMA_MIN_BUCKET = 8   # the default takes the tensor-core up kernel from this bucket (measured there; see up_mma)
+UP_MMA_MIN_BUCKET = 16   # heuristic where the GPU's table says nothing: the tensor-core up kernel from this bucket
 
 
-def up_mma(I: int, D: int, KT: int, bucket: int, group: bool) -> Optional[dict]:
-    """The grouped up kernel on tensor cores (template UPMMA), or None for the CUDA-core one: the default from bucket
-    UP_MMA_MIN_BUCKET; K3FUSE_MOE_UP_MMA=1 takes it at every grouped bucket, 0 never. Why: the CUDA-core owner
-    re-reads W13_e from L2 once per pass of G members (G = 2 at bucket 64), the MMA kernel once per 16 (NTG = 2
-    n-tiles of 8). Measured on the H200 (2026-12-02, session 17, KDA + MoE layer at TP16, layer_ab, 10 / 10 pairs
-    faster each): M = 64 747.1 -> 561.1 us, M = 16 332.7 -> 269.0, M = 8 216.5 -> 200.0; the up kernel alone
-    (profile without the PDL chain) 396.9 -> 219.5 us at M = 64, 90.8 -> 73.0 at M = 8. Buckets 2 and 4: not yet
-    timed in the layer (GPU test only). Read at render time (build's memo keys on the variable).
-    Returns the template's UPMMA, UW (warps along K), UU (k-steps per load group), NTG (n-tiles of 8 members per
-    pass) and the kernel's own CPC (column blocks of 16 per CTA)."""
+def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[int] = None) -> Optional[dict]:
+    """The grouped up kernel on tensor cores (template UPMMA), or None for the CUDA-core one. K3FUSE_MOE_UP_MMA=1 takes
+    it at every grouped bucket, 0 never; otherwise the GPU table's "UPMMA" for the shape and bucket (`tabled`, read by
+    config_for), else from bucket UP_MMA_MIN_BUCKET. Why: the CUDA-core owner re-reads W13_e from L2 once per pass
+    of G members (G = 2 at bucket 64), the MMA kernel once per 16 (NTG = 2 n-tiles of 8).
+    Measured on the H200 (2026-12-02, session 17, KDA + MoE layer, layer_ab, CUDA-core -> MMA, us per layer):
+    TP16 (I = 192) M = 64 747.1 -> 561.1, M = 16 332.7 -> 269.0, M = 8 216.5 -> 200.0 (10 / 10 pairs each);
+    TP8 (I = 384) M = 64 1344.1 -> 971.7 (6 / 6), M = 8 325.9 -> 330.5 (+3.8, 0 / 6: the table keeps it off there).
+    The up kernel alone (profile without the PDL chain, TP16): M = 64 396.9 -> 219.5 us, M = 8 90.8 -> 73.0.
+    Buckets 2 and 4 are untimed (GPU test only): off by the heuristic. Read at render time (build's memo keys on the
+    variable). Returns the template's UPMMA, UW (warps along K), UU (k-steps per load group), NTG (n-tiles of 8
+    members per pass) and the kernel's own CPC (column blocks of 16 per CTA)."""
     env = os.environ.get("K3FUSE_MOE_UP_MMA", "")
-    on = env == "1" or (env != "0" and bucket >= UP_MMA_MIN_BUCKET)
+    if env in ("0", "1"):
+        on = env == "1"
+    else:
+        on = bool(tabled) if tabled is not None else bucket >= UP_MMA_MIN_BUCKET
     if not on or not group or bucket < 2 or I % 16:
         return None
     nv = D // 8
@@ -169,7 +176,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
                   SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])), KS=cfg.get("KS", 1),
                   DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
     # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were
-    params.update(up_mma(I, D, KT, bucket, group) or {})
+    params.update(up_mma(I, D, KT, bucket, group, cfg.get("UPMMA")) or {})
     return params
 
 

@@ -107,6 +107,22 @@ def test_up_mma_compiles(arch, tp, b, monkeypatch):
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
+def test_up_mma_follows_the_table(monkeypatch):
+    """The H200 table's UPMMA (measured per shape and bucket) picks the up kernel where the variable is unset: on at
+    TP16 bucket 8 and TP8 bucket 64, off at TP8 bucket 8 (measured slower there); the variable overrides it."""
+    monkeypatch.delenv("K3FUSE_MOE_UP_MMA", raising=False)
+    def mma_src(I, b):
+        cfg = me.config_for(E, I, D, KT, b, gpu="nvidia_h200")
+        return "up_mma_kernel(mZ" in me.render_source(E, I, D, KT, b, cfg=cfg)[0]
+    assert me.config_for(E, 192, D, KT, 8, gpu="nvidia_h200")["UPMMA"] == 1
+    assert mma_src(192, 8) and mma_src(192, 64) and mma_src(384, 64) and not mma_src(384, 8)
+    assert not mma_src(192, 1)
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    assert mma_src(384, 8)
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")
+    assert not mma_src(192, 64)
+
+
 def test_fallback_on_cpu_logs_once(caplog):
     from k3fuse import ops
     from k3fuse.codegen import registry
