@@ -94,10 +94,11 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
         if "LPR" in cfg and "RT" in cfg:             # entries written before the knobs existed
             cfg.setdefault("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"]))
         cfg.setdefault("KS", default_ks(KT, bucket))
-        if set(cfg) == set(KNOBS) and supports(E, I, D, KT, bucket, cfg) is None:
-            if "UPMMA" in t:                         # the up kernel's variant where measured (see up_mma)
-                cfg["UPMMA"] = int(t["UPMMA"])
-            return cfg
+        if set(cfg) != set(KNOBS) or supports(E, I, D, KT, bucket, cfg) is not None:
+            cfg = default_config(E, I, D, KT, bucket)    # an entry with the up variant alone, or an unusable one
+        if "UPMMA" in t:                             # the up kernel's variant where measured (see up_mma)
+            cfg["UPMMA"] = int(t["UPMMA"])
+        return cfg
     return default_config(E, I, D, KT, bucket)
 
 
@@ -114,10 +115,11 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
     of G members (G = 2 at bucket 64), the MMA kernel once per 16 (NTG = 2 n-tiles of 8).
     Measured on the H200 (2026-12-02, session 17, KDA + MoE layer, layer_ab, CUDA-core -> MMA, us per layer):
     TP16 (I = 192) M = 64 747.1 -> 561.1, M = 16 332.7 -> 269.0, M = 8 216.5 -> 200.0 (10 / 10 pairs each);
-    TP8 (I = 384) M = 64 1344.1 -> 971.7 (6 / 6), M = 8 325.9 -> 330.5 (+3.8, 0 / 6: the table keeps it off there).
+    M = 4 165.8 -> 150.6, M = 2 119.8 -> 115.4 (8 / 8 each; table entries holding UPMMA alone: the knobs there are
+    the heuristic's, as before); TP8 (I = 384) M = 64 1344.1 -> 971.7 (6 / 6), M = 8 325.9 -> 330.5 (+3.8, 0 / 6:
+    the table keeps it off there; TP8 buckets 2 and 4 untimed, so off by the heuristic).
     The up kernel alone (profile without the PDL chain, TP16): M = 64 396.9 -> 219.5 us, M = 8 90.8 -> 73.0.
-    Buckets 2 and 4 are untimed (GPU test only): off by the heuristic. Read at render time (build's memo keys on the
-    variable). Returns the template's UPMMA, UW (warps along K), UU (k-steps per load group), NTG (n-tiles of 8
+    Read at render time (build's memo keys on the variable). Returns the template's UPMMA, UW (warps along K), UU (k-steps per load group), NTG (n-tiles of 8
     members per pass) and the kernel's own CPC (column blocks of 16 per CTA)."""
     env = os.environ.get("K3FUSE_MOE_UP_MMA", "")
     if env in ("0", "1"):
