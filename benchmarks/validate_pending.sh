@@ -27,6 +27,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18m           # K3FUSE_MOE_UP_MMA: tests, memcheck, layer A/B; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18t           # UP_MMA default: tests, A/B at TP8, tables M = 8, 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18u           # the table-driven UPMMA: tests, which up kernel runs, A/B M = 2, 4, e2e M = 8
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s19            # session 17's unrun K3FUSE_MOE_DOWN_MMA: tests, memcheck, layer A/Bs, profile
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's MoE variants (since removed: slower, session 17)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
@@ -468,6 +469,22 @@ elif [ "$part" = s18u ]; then     # the up kernel's variant from the H200 table:
     echo "e2e M=8 rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
     cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s18u.tgz" -C "$L" .
+elif [ "$part" = s19 ]; then      # the grouped down on tensor cores + combine (K3FUSE_MOE_DOWN_MMA, opt-in): tests, memcheck, A/Bs, profile
+    pytests downmma 200 tests/test_moe_kernel_gpu.py -k down_mma
+    memcheck sanitizer_downmma 120 tests/test_moe_kernel_gpu.py -k "down_mma and tp16 and (16 or 64)"
+    timeout 150 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 16 --ms 64,16,8 \
+        --pairs 8 --tag _downmma > "$L/ab_downmma.txt" 2>&1
+    echo "layer_ab K3FUSE_MOE_DOWN_MMA=0,1 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_downmma.txt" | tee -a "$S"
+    cp "$L"/layer_ab_downmma.json "$OUT/" 2>/dev/null
+    timeout 100 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 8 --ms 64,8 \
+        --pairs 6 --tag _downmma_tp8 > "$L/ab_downmma_tp8.txt" 2>&1
+    echo "layer_ab K3FUSE_MOE_DOWN_MMA=0,1 TP8 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_downmma_tp8.txt" | tee -a "$S"
+    cp "$L"/layer_ab_downmma_tp8.json "$OUT/" 2>/dev/null
+    K3FUSE_MOE_DOWN_MMA=1 K3FUSE_PDL_CHAIN=0 timeout 90 python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp 16 \
+        --ms 8,64 --skip eager,inductor --top 20 --tag _nopdl_down > "$L/lb_nopdl_down.txt" 2>&1
+    echo "layer no PDL chain, DOWN_MMA=1 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_nopdl_down.txt" | tee -a "$S"
+    cp "$L"/layer_bench_nopdl_down.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s19.tgz" -C "$L" .
 elif [ "$part" = s18 ]; then      # issue 5's M = 64 rows with the defaults as they land: TP16 and TP8, every backend
     for tp in 16 8; do
         timeout $((tp == 16 ? 150 : 200)) python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 64 --top 16 \
@@ -519,6 +536,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t, s18u)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t, s18u, s19)" >&2
     exit 2
 fi

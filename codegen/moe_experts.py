@@ -136,6 +136,26 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
     return dict(UPMMA=True, UW=UW, UU=UU, NTG=2 if bucket >= 16 else 1, CPC=cpc_for(I, 16, KT, bucket))
 
 
+def down_mma(I: int, D: int, KT: int, bucket: int, group: bool) -> Optional[dict]:
+    """The grouped down projection on tensor cores + a combine kernel (template DOWNMMA; three launches in all), or
+    None for the per-(token, slot) down kernel. K3FUSE_MOE_DOWN_MMA=1 takes it at the grouped buckets; off otherwise
+    (opt-in: written in session 17 after the device time ran out, not yet run on a GPU). Why: without the PDL chain
+    the TP16 M = 64 layer's down kernel took 178 us for ~0.41 GB of distinct W2 (~99 us): it reads W2 per (token,
+    slot), ~1.4 GB through L2. Here an owner CTA per (chosen expert, RPC row blocks of 128) runs W2_e's 16-row tiles
+    as MMA A operands over 16 member tokens at a time, so W2_e crosses L2 once per 16 members; y [M, k, D] bf16 goes
+    to a scratch and the combine sums it in slot order. Session 16's grouped down (+482 us) looped over 56 row chunks
+    of 32 rows with dependent loads per owner; here a CTA's row block is 128 rows with every load of a k-group in
+    flight, and RPC is the fewest row blocks per CTA that keep the grid <= UP_CTAS. Read at render time (build's memo
+    keys on the variable). Returns the template's DOWNMMA, RPC, UD (k-steps per load group), DNTG."""
+    if os.environ.get("K3FUSE_MOE_DOWN_MMA", "0") != "1" or not group or bucket < 2:
+        return None
+    nvi, nd = I // 8, D // 128
+    if D % 512 or nvi % 12:                          # 128-row blocks, the combine's 64 x 16-byte CTAs, UD = 3 groups
+        return None
+    rpc = next(d for d in range(1, nd + 1) if nd % d == 0 and (bucket * KT * (nd // d) <= UP_CTAS or d == nd))
+    return dict(DOWNMMA=True, RPC=rpc, UD=3, DNTG=2 if bucket >= 16 else 1)
+
+
 def cpc_for(I: int, R: int, KT: int, bucket: int) -> int:
     """Column groups per up CTA: the smallest power of two dividing I / R that keeps bucket * k * I / (R * CPC)
     CTAs <= UP_CTAS (1 for the ungrouped bucket 1)."""
@@ -179,6 +199,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
                   DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
     # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were
     params.update(up_mma(I, D, KT, bucket, group, cfg.get("UPMMA")) or {})
+    params.update(down_mma(I, D, KT, bucket, group) or {})
     return params
 
 
@@ -199,7 +220,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
-            os.environ.get("K3FUSE_MOE_UP_MMA", ""))
+            os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""))
     k = _built.get(memo)
     if k is not None:
         return k
@@ -219,10 +240,15 @@ def moe_experts(z, ids, weights, w13, w2, beta: float, linear_beta: float, cfg: 
     KT = ids.shape[1]
     E, I2, _ = w13.shape
     I = I2 // 2
-    k = build(E, I, D, KT, bucket_for(M), beta, linear_beta, cfg)
+    b = bucket_for(M)
+    k = build(E, I, D, KT, b, beta, linear_beta, cfg)
     a = scratch if scratch is not None else torch.empty(M, KT, I, dtype=torch.bfloat16, device=z.device)
     y = out if out is not None else torch.empty(M, D, dtype=torch.bfloat16, device=z.device)
-    k(z, ids, weights, w13, w2, a, y)
+    cfg = cfg or config_for(E, I, D, KT, b)
+    if down_mma(I, D, KT, b, bool(cfg["GROUP"]) and b > 1):     # the per-slot y of the tensor-core down, for its combine
+        k(z, ids, weights, w13, w2, a, y, torch.empty(M, KT, D, dtype=torch.bfloat16, device=z.device))
+    else:
+        k(z, ids, weights, w13, w2, a, y)
     return y
 
 

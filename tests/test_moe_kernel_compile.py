@@ -128,6 +128,35 @@ def test_up_mma_follows_the_table(monkeypatch):
     assert not mma_src(192, 64)
 
 
+@pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_90a", 8, 8), ("sm_100a", 16, 16), ("sm_100a", 8, 2)])
+def test_down_mma_compiles(arch, tp, b, monkeypatch):
+    """K3FUSE_MOE_DOWN_MMA=1 (opt-in, not yet run on a GPU): the grouped down projection on tensor cores + the combine,
+    three launches; off, the sources are the default's. PTX: the down kernel's UD x DNTG x 2 MMAs per load group (plus
+    the tensor-core up's where it is on), 128-bit y stores and loads, no local memory; bucket 1 never takes it."""
+    I = I_TP[tp]
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")           # the down kernel's MMAs alone
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_MMA", raising=False)
+    plain, plain1 = me.render_source(E, I, D, KT, b)[0], me.render_source(E, I, D, KT, 1)[0]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    src = me.render_source(E, I, D, KT, b)[0]
+    assert "down_mma_kernel(mA" in src and "combine_kernel(mY" in src and "down_mma_kernel(mA" not in plain
+    assert me.render_source(E, I, D, KT, 1)[0] == plain1
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
+    assert me.render_source(E, I, D, KT, b)[0] == plain
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    p = me.down_mma(I, D, KT, b, True)
+    nd = D // 128
+    assert nd % p["RPC"] == 0 and (b * KT * nd // p["RPC"] <= me.UP_CTAS or p["RPC"] == nd)
+    assert p["DNTG"] == (2 if b >= 16 else 1) and (I // 8) % (4 * p["UD"]) == 0
+    k = me.build(E, I, D, KT, b, arch=arch, load=False)
+    ptx = open(k.files["kernel.ptx"]).read()
+    assert len(re.findall(r"\.entry\s", ptx)) == 3                  # up, down_mma, combine
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ptx)) == p["UD"] * p["DNTG"] * 2
+    stores = re.findall(r"st\.global(?:\.[a-z0-9:_]+)*", ptx)
+    assert "st.global.v4.b32" in stores                                # y and out, 16 bytes per store
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
 def test_fallback_on_cpu_logs_once(caplog):
     from k3fuse import ops
     from k3fuse.codegen import registry

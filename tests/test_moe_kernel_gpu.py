@@ -149,3 +149,33 @@ def test_moe_up_mma_matches_reference(experts, M, monkeypatch):
         scr.append(a)
     assert rel(scr[1], scr[0]) < 1e-2
     assert rel(outs[1], reference(z, ids, w, w13, w2)) < 1e-2
+
+
+@pytest.mark.parametrize("M", [2, 8, 16, 64])
+def test_moe_down_mma_matches_reference(experts, M, monkeypatch):
+    """K3FUSE_MOE_DOWN_MMA=1 (the grouped down on tensor cores + the combine; opt-in, written in session 17 after the
+    device time ran out): the output (NaN-poisoned) matches the reference and the per-(token, slot) down kernel's up
+    to rounding, with slot 2 one expert for every token (4 passes of 16 members at M = 64), in a CUDA graph too."""
+    from k3fuse.codegen import moe_experts as me
+    I, w13, w2 = experts
+    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
+    ids, w = routing(M, 4000 + 10 * M + I)
+    ids[:, 2] = ids[0, 5]
+    outs = []
+    for on in ("0", "1"):
+        monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", on)
+        assert ("down_mma_kernel(mA" in me.render_source(E, I, D, KT, M)[0]) == (on == "1")
+        out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+        me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out.float()).all(), f"DOWN_MMA={on}: unwritten output"
+        outs.append(out)
+    assert rel(outs[1], outs[0]) < 1e-2
+    assert rel(outs[1], reference(z, ids, w, w13, w2)) < 1e-2
+    g = torch.cuda.CUDAGraph()                                  # DOWN_MMA=1 still set: its scratch y inside the graph
+    with torch.cuda.graph(g):
+        gout = me.moe_experts_cuda(z, ids, w, w13, w2, BETA, LBETA)
+    gout.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gout, outs[1])
