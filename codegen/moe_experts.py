@@ -10,7 +10,9 @@ current stream (scratch a [M, k, I] bf16 between them):
   down  W2 GEMV per (token, D-chunk) over the k slots, y rounded to bf16 per slot, fp32 combine, bf16 out.
         Not grouped: W2 is read once per (token, slot), but the grid runs the M tokens of one D-chunk side by
         side, so a W2 slice shared by several tokens should come from L2 after the first (unmeasured).
-Both are CUDA-core kernels with 16-byte weight loads and compile-time register indices.
+Both are CUDA-core kernels with 16-byte weight loads and compile-time register indices, except where up_mma()
+takes the grouped up on tensor cores (the H200 table's UPMMA, measured in session 17) and where down_mma() takes the
+grouped down on tensor cores + a combine kernel (K3FUSE_MOE_DOWN_MMA=1, opt-in, not yet run on a GPU).
 
 Status (2026-11-29): renders and compiles for sm_90a and sm_100a (tests/test_moe_kernel_compile.py); matches the
 reference on the H200 (tests/test_moe_kernel_gpu.py); registered by registry.register() (IMPLS below).
@@ -119,8 +121,9 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
     the heuristic's, as before); TP8 (I = 384) M = 64 1344.1 -> 971.7 (6 / 6), M = 8 325.9 -> 330.5 (+3.8, 0 / 6:
     the table keeps it off there; TP8 buckets 2 and 4 untimed, so off by the heuristic).
     The up kernel alone (profile without the PDL chain, TP16): M = 64 396.9 -> 219.5 us, M = 8 90.8 -> 73.0.
-    Read at render time (build's memo keys on the variable). Returns the template's UPMMA, UW (warps along K), UU (k-steps per load group), NTG (n-tiles of 8
-    members per pass) and the kernel's own CPC (column blocks of 16 per CTA)."""
+    Read at render time (build's memo keys on the variable). Returns the template's UPMMA, UW (warps along K), UU
+    (k-steps per load group), NTG (n-tiles of 8 members per pass) and the kernel's own CPC (column blocks of 16 per
+    CTA)."""
     env = os.environ.get("K3FUSE_MOE_UP_MMA", "")
     if env in ("0", "1"):
         on = env == "1"
