@@ -182,8 +182,14 @@ def test_tuning_table_entries_render():
                 E, I, D, KT = (int(v) for v in shape.split("x"))
                 for b, cfg in per_bucket.items():
                     kc = {k: v for k, v in cfg.items() if k in moe_experts.KNOBS}
-                    kc.setdefault("SB", moe_experts.default_sb(KT, I, kc["LPR"], kc["RT"]))  # knobs added later
-                    kc.setdefault("KS", moe_experts.default_ks(KT, int(b)))
+                    if kc:
+                        kc.setdefault("SB", moe_experts.default_sb(KT, I, kc["LPR"], kc["RT"]))  # knobs added later
+                        kc.setdefault("KS", moe_experts.default_ks(KT, int(b)))
+                    else:                         # an entry holding the up kernel's variant alone (UPMMA)
+                        assert set(cfg) <= {"UPMMA", "why"}, (key, b)
+                        kc = moe_experts.default_config(E, I, D, KT, int(b))
+                    if "UPMMA" in cfg:
+                        kc["UPMMA"] = cfg["UPMMA"]
                     assert moe_experts.config_for(E, I, D, KT, int(b), gpu=p.stem) == kc, (key, b)  # taken as is
                     compile(moe_experts.render_source(E, I, D, KT, int(b), cfg=kc)[0], key, "exec")
                     n_moe += 1
