@@ -60,6 +60,12 @@ layer_arm() {   # layer_arm TAG MS [VAR=VALUE ...] [-- LAYER_BENCH_ARGS...]: one
     echo "layer $tag rc=$? $(grep -E "^(kda|mla) +16 +(${ms//,/|}) " "$L/lb_$tag.txt" | tr -s ' ' | tr '\n' '|')" \
         | tee -a "$S"
 }
+ab_run() {      # ab_run TAG TIMEOUT LAYER_AB_ARGS...: one layer_ab.py A/B, its table into the summary, its JSON into $OUT
+    local tag=$1 t=$2; shift 2
+    timeout "$t" python3 benchmarks/layer_ab.py --out "$L" --tag "_$tag" "$@" > "$L/ab_$tag.txt" 2>&1
+    echo "layer_ab $tag ($*) rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_$tag.txt" | tee -a "$S"
+    cp "$L/layer_ab_$tag.json" "$OUT/" 2>/dev/null
+}
 e2e_and_table() {   # e2e_and_table E2E_TIMEOUT TABLE_TIMEOUT: end to end (k3tp16, M = 1, 8), then the TP16 README table
     timeout "$1" python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
@@ -387,17 +393,11 @@ elif [ "$part" = s16 ]; then      # session 15's unrun MMA score step: GPU tests
             --context 1001 --splits 8x8,32x8 > "$L/ms$mma.txt" 2>&1
         echo "mla_splits MMA=$mma rc=$?" | tee -a "$S"; grep -E '"us"' "$L/ms$mma.txt" | sed 's/, "rel_err".*//' | tee -a "$S"
     done
-    timeout 200 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MLA_MMA=0,1 --kinds mla --tp 16,8 --ms 1,8 \
-        --pairs 30 --tag _mma > "$L/ab_mma.txt" 2>&1
-    echo "layer_ab MLA_MMA rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_mma.txt" | tee -a "$S"
-    cp "$L"/layer_ab_mma.json "$OUT/" 2>/dev/null
+    ab_run mma 200 --var K3FUSE_MLA_MMA=0,1 --kinds mla --tp 16,8 --ms 1,8 --pairs 30
     tar czf "$OUT/logs_s16.tgz" -C "$L" .
 elif [ "$part" = s16b ]; then     # the MMA score step as the default (min_blocks_per_mp = 2 without the pipeline): GPU tests, the pipeline A/B at M = 1 with it, the README table
     pytests mla 250 tests/test_mla_kernel_gpu.py -k "mma or matches_reference"
-    timeout 130 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MLA_PIPE=0,1 --kinds mla --tp 8,16 --ms 1 \
-        --pairs 20 --tag _pipe_mma > "$L/ab_pipe_mma.txt" 2>&1
-    echo "layer_ab MLA_PIPE (MMA) rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_pipe_mma.txt" | tee -a "$S"
-    cp "$L"/layer_ab_pipe_mma.json "$OUT/" 2>/dev/null
+    ab_run pipe_mma 130 --var K3FUSE_MLA_PIPE=0,1 --kinds mla --tp 8,16 --ms 1 --pairs 20
     timeout 180 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1,8 --top 16 > "$L/lb.txt" 2>&1
     echo "layer table rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb.txt" | tee -a "$S"
     cp "$L"/layer_bench.json "$L"/layer_bench.png "$OUT/" 2>/dev/null
@@ -428,10 +428,7 @@ elif [ "$part" = s17b ]; then     # session 16's unrun MoE variants (K3FUSE_MOE_
 elif [ "$part" = s18m ]; then     # the grouped up kernel on tensor cores (K3FUSE_MOE_UP_MMA): tests, memcheck, layer A/B; no-PDL profiles
     pytests upmma 200 tests/test_moe_kernel_gpu.py -k up_mma
     memcheck sanitizer_upmma 120 tests/test_moe_kernel_gpu.py -k "up_mma and tp16 and (16 or 64)"
-    timeout 200 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 16 --ms 64,16,8 \
-        --pairs 10 --tag _upmma > "$L/ab_upmma.txt" 2>&1
-    echo "layer_ab K3FUSE_MOE_UP_MMA=0,1 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_upmma.txt" | tee -a "$S"
-    cp "$L"/layer_ab_upmma.json "$OUT/" 2>/dev/null
+    ab_run upmma 200 --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 16 --ms 64,16,8 --pairs 10
     for mma in 0 1; do
         K3FUSE_MOE_UP_MMA=$mma K3FUSE_PDL_CHAIN=0 timeout 100 python3 benchmarks/layer_bench.py --out "$L" --kinds kda \
             --tp 16 --ms 8,64 --skip eager,inductor --top 20 --tag _nopdl_mma$mma > "$L/lb_nopdl_mma$mma.txt" 2>&1
@@ -441,10 +438,7 @@ elif [ "$part" = s18m ]; then     # the grouped up kernel on tensor cores (K3FUS
     tar czf "$OUT/logs_s18m.tgz" -C "$L" .
 elif [ "$part" = s18t ]; then     # the tensor-core up kernel as the default from bucket 8: tests, A/B at TP8, tables
     pytests moe 150 tests/test_moe_kernel_gpu.py -k "test_moe_experts_matches_reference or graph_replay"
-    timeout 100 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 8 --ms 8,64 \
-        --pairs 6 --tag _upmma_tp8 > "$L/ab_upmma_tp8.txt" 2>&1
-    echo "layer_ab K3FUSE_MOE_UP_MMA=0,1 TP8 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_upmma_tp8.txt" | tee -a "$S"
-    cp "$L"/layer_ab_upmma_tp8.json "$OUT/" 2>/dev/null
+    ab_run upmma_tp8 100 --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 8 --ms 8,64 --pairs 6
     for tp in 16 8; do
         ms=$([ $tp = 16 ] && echo 8,64 || echo 64)
         timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms $ms --top 16 \
@@ -461,10 +455,7 @@ elif [ "$part" = s18u ]; then     # the up kernel's variant from the H200 table:
         echo "layer TP$tp M=8 rc=$? up kernel: $(grep -o 'up_mma_kernel\|up_kernel' "$L/layer_bench_u_tp$tp.json" | sort | uniq -c | tr '\n' ' ')" | tee -a "$S"
         sed -n '/^kind/,/^$/p' "$L/lb_u_tp$tp.txt" | tee -a "$S"
     done
-    timeout 100 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 16 --ms 2,4 \
-        --pairs 8 --tag _upmma_small > "$L/ab_upmma_small.txt" 2>&1
-    echo "layer_ab K3FUSE_MOE_UP_MMA=0,1 M=2,4 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_upmma_small.txt" | tee -a "$S"
-    cp "$L"/layer_ab_upmma_small.json "$OUT/" 2>/dev/null
+    ab_run upmma_small 100 --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 16 --ms 2,4 --pairs 8
     timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e M=8 rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
     cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
@@ -472,14 +463,8 @@ elif [ "$part" = s18u ]; then     # the up kernel's variant from the H200 table:
 elif [ "$part" = s19 ]; then      # the grouped down on tensor cores + combine (K3FUSE_MOE_DOWN_MMA, opt-in): tests, memcheck, A/Bs, profile
     pytests downmma 200 tests/test_moe_kernel_gpu.py -k down_mma
     memcheck sanitizer_downmma 120 tests/test_moe_kernel_gpu.py -k "down_mma and tp16 and (16 or 64)"
-    timeout 150 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 16 --ms 64,16,8 \
-        --pairs 8 --tag _downmma > "$L/ab_downmma.txt" 2>&1
-    echo "layer_ab K3FUSE_MOE_DOWN_MMA=0,1 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_downmma.txt" | tee -a "$S"
-    cp "$L"/layer_ab_downmma.json "$OUT/" 2>/dev/null
-    timeout 100 python3 benchmarks/layer_ab.py --out "$L" --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 8 --ms 64,8 \
-        --pairs 6 --tag _downmma_tp8 > "$L/ab_downmma_tp8.txt" 2>&1
-    echo "layer_ab K3FUSE_MOE_DOWN_MMA=0,1 TP8 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_downmma_tp8.txt" | tee -a "$S"
-    cp "$L"/layer_ab_downmma_tp8.json "$OUT/" 2>/dev/null
+    ab_run downmma 150 --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 16 --ms 64,16,8 --pairs 8
+    ab_run downmma_tp8 100 --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 8 --ms 64,8 --pairs 6
     K3FUSE_MOE_DOWN_MMA=1 K3FUSE_PDL_CHAIN=0 timeout 90 python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp 16 \
         --ms 8,64 --skip eager,inductor --top 20 --tag _nopdl_down > "$L/lb_nopdl_down.txt" 2>&1
     echo "layer no PDL chain, DOWN_MMA=1 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_nopdl_down.txt" | tee -a "$S"
