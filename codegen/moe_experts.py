@@ -129,7 +129,7 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
         on = env == "1"
     else:
         on = bool(tabled) if tabled is not None else bucket >= UP_MMA_MIN_BUCKET
-    if not on or not group or bucket < 2 or I % 16:
+    if not on or not group or I % 16:                # group: a grouped bucket (> 1)
         return None
     nv = D // 8
     UU = 2
@@ -150,7 +150,7 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool) -> Optional[dict
     of 32 rows with dependent loads per owner; here a CTA's row block is 128 rows with every load of a k-group in
     flight, and RPC is the fewest row blocks per CTA that keep the grid <= UP_CTAS. Read at render time (build's memo
     keys on the variable). Returns the template's DOWNMMA, RPC, UD (k-steps per load group), DNTG."""
-    if os.environ.get("K3FUSE_MOE_DOWN_MMA", "0") != "1" or not group or bucket < 2:
+    if os.environ.get("K3FUSE_MOE_DOWN_MMA", "0") != "1" or not group:
         return None
     nvi, nd = I // 8, D // 128
     if D % 512 or nvi % 12:                          # 128-row blocks, the combine's 64 x 16-byte CTAs, UD = 3 groups
@@ -215,6 +215,7 @@ def render_source(E, I, D, KT, bucket, beta=4.0, lbeta=25.0, cfg: Optional[dict]
 
 
 _built: dict = {}
+_scratch_y: dict = {}    # compile key -> the kernel takes the tensor-core down's y [M, k, D] scratch (decided at build)
 
 
 def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta: float = 25.0,
@@ -231,6 +232,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     meta = dict(family=FAMILY, op=OP, shape=dict(E=E, I=I, D=D, k=KT), bucket=bucket, config=cfg,
                 template=TEMPLATE, beta=float(beta), lbeta=float(lbeta))
     k = compile_source(src, arch, load=load, meta=meta)
+    _scratch_y[k.key] = down_mma(I, D, KT, bucket, bool(cfg["GROUP"]) and bucket > 1) is not None
     _built[memo] = k
     return k
 
@@ -243,12 +245,10 @@ def moe_experts(z, ids, weights, w13, w2, beta: float, linear_beta: float, cfg: 
     KT = ids.shape[1]
     E, I2, _ = w13.shape
     I = I2 // 2
-    b = bucket_for(M)
-    k = build(E, I, D, KT, b, beta, linear_beta, cfg)
+    k = build(E, I, D, KT, bucket_for(M), beta, linear_beta, cfg)
     a = scratch if scratch is not None else torch.empty(M, KT, I, dtype=torch.bfloat16, device=z.device)
     y = out if out is not None else torch.empty(M, D, dtype=torch.bfloat16, device=z.device)
-    cfg = cfg or config_for(E, I, D, KT, b)
-    if down_mma(I, D, KT, b, bool(cfg["GROUP"]) and b > 1):     # the per-slot y of the tensor-core down, for its combine
+    if _scratch_y[k.key]:        # the per-slot y of the tensor-core down, for its combine
         k(z, ids, weights, w13, w2, a, y, torch.empty(M, KT, D, dtype=torch.bfloat16, device=z.device))
     else:
         k(z, ids, weights, w13, w2, a, y)

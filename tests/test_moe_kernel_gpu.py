@@ -128,9 +128,8 @@ def test_moe_down_slot_groups(experts, M, ks, wd):
 def test_moe_up_mma_matches_reference(experts, M, monkeypatch):
     """The grouped up kernel on tensor cores (K3FUSE_MOE_UP_MMA=1) against the CUDA-core one (=0): every (token, slot)
     of the scratch a is written (NaN-poisoned) and equals the CUDA-core kernel's up to rounding; the output matches
-    the reference. Slot 2
-    is one expert for every token, so at M = 64 its owner runs 4 passes of 16 members (and the last pass of a
-    smaller expert is partial)."""
+    the reference. Slot 2 is one expert for every token, so at M = 64 its owner runs 4 passes of 16 members (and the
+    last pass of a smaller expert is partial)."""
     from k3fuse.codegen import moe_experts as me
     I, w13, w2 = experts
     z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
