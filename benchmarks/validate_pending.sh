@@ -28,6 +28,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18t           # UP_MMA default: tests, A/B at TP8, tables M = 8, 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18u           # the table-driven UPMMA: tests, which up kernel runs, A/B M = 2, 4, e2e M = 8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s19            # session 17's unrun K3FUSE_MOE_DOWN_MMA: tests, memcheck, layer A/Bs, profile
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s20            # the down from the table; its UD A/Bs; TP8 M = 8 up A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s21            # the down's grid cap A/Bs; the M = 64 (TP16, TP8) and TP8 M = 8 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's MoE variants (since removed: slower, session 17)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
@@ -470,6 +472,30 @@ elif [ "$part" = s19 ]; then      # the grouped down on tensor cores + combine (
     echo "layer no PDL chain, DOWN_MMA=1 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_nopdl_down.txt" | tee -a "$S"
     cp "$L"/layer_bench_nopdl_down.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s19.tgz" -C "$L" .
+elif [ "$part" = s20 ]; then      # the tensor-core down from the table: tests; its load group UD (A/B); TP8 M = 8 up A/B with the down on
+    pytests moe 200 tests/test_moe_kernel_gpu.py -k "matches_reference or graph_replay or down_mma"
+    K3FUSE_MOE_DOWN_UD=6 pytests down_ud6 120 tests/test_moe_kernel_gpu.py -k down_mma
+    K3FUSE_MOE_DOWN_MMA=1 ab_run downud_tp16 150 --var K3FUSE_MOE_DOWN_UD=3,6 --kinds kda --tp 16 --ms 64,16,8 --pairs 8
+    ab_run downud6_tp8 100 --var K3FUSE_MOE_DOWN_UD=3,6 --kinds kda --tp 8 --ms 64,8 --pairs 6
+    ab_run downud12_tp8 100 --var K3FUSE_MOE_DOWN_UD=3,12 --kinds kda --tp 8 --ms 64,8 --pairs 6
+    ab_run upmma_tp8_down 80 --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 8 --ms 8 --pairs 6
+    K3FUSE_MOE_DOWN_UD=6 K3FUSE_PDL_CHAIN=0 timeout 90 python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp 16 \
+        --ms 64 --skip eager,inductor --top 8 --tag _nopdl_ud6 > "$L/lb_nopdl_ud6.txt" 2>&1
+    echo "layer no PDL chain, DOWN_UD=6 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_nopdl_ud6.txt" | tee -a "$S"
+    grep -m3 "mma_kernel" "$L/lb_nopdl_ud6.txt" | tee -a "$S"
+    tar czf "$OUT/logs_s20.tgz" -C "$L" .
+elif [ "$part" = s21 ]; then      # the tensor-core down's grid cap (A/B), then issue 5's rows that the down changes, every backend
+    ab_run downctas_tp16 90 --var K3FUSE_MOE_DOWN_CTAS=3072,8192 --kinds kda --tp 16 --ms 64 --pairs 6
+    ab_run downctas16k_tp16 90 --var K3FUSE_MOE_DOWN_CTAS=3072,16384 --kinds kda --tp 16 --ms 64 --pairs 6
+    ab_run downctas_tp8 100 --var K3FUSE_MOE_DOWN_CTAS=3072,8192 --kinds kda --tp 8 --ms 64,8 --pairs 6
+    for tp in 16 8; do
+        ms=$([ $tp = 16 ] && echo 64 || echo 8,64)
+        timeout $((tp == 16 ? 120 : 200)) python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms $ms --top 16 \
+            --tag _d_tp$tp > "$L/lb_d_tp$tp.txt" 2>&1
+        echo "layer TP$tp M=$ms rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_d_tp$tp.txt" | tee -a "$S"
+        cp "$L"/layer_bench_d_tp$tp.json "$L"/layer_bench_d_tp$tp.png "$OUT/" 2>/dev/null
+    done
+    tar czf "$OUT/logs_s21.tgz" -C "$L" .
 elif [ "$part" = s18 ]; then      # issue 5's M = 64 rows with the defaults as they land: TP16 and TP8, every backend
     for tp in 16 8; do
         timeout $((tp == 16 ? 150 : 200)) python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 64 --top 16 \
@@ -521,6 +547,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t, s18u, s19)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t, s18u, s19, s20, s21)" >&2
     exit 2
 fi

@@ -12,7 +12,7 @@ current stream (scratch a [M, k, I] bf16 between them):
         side, so a W2 slice shared by several tokens should come from L2 after the first (unmeasured).
 Both are CUDA-core kernels with 16-byte weight loads and compile-time register indices, except where up_mma()
 takes the grouped up on tensor cores (the H200 table's UPMMA, measured in session 17) and where down_mma() takes the
-grouped down on tensor cores + a combine kernel (K3FUSE_MOE_DOWN_MMA=1, opt-in, not yet run on a GPU).
+grouped down on tensor cores + a combine kernel (the table's DOWNMMA, measured in session 18).
 
 Status (2026-11-29): renders and compiles for sm_90a and sm_100a (tests/test_moe_kernel_compile.py); matches the
 reference on the H200 (tests/test_moe_kernel_gpu.py); registered by registry.register() (IMPLS below).
@@ -98,8 +98,9 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
         cfg.setdefault("KS", default_ks(KT, bucket))
         if set(cfg) != set(KNOBS) or supports(E, I, D, KT, bucket, cfg) is not None:
             cfg = default_config(E, I, D, KT, bucket)    # an entry with the up variant alone, or an unusable one
-        if "UPMMA" in t:                             # the up kernel's variant where measured (see up_mma)
-            cfg["UPMMA"] = int(t["UPMMA"])
+        for v in ("UPMMA", "DOWNMMA"):               # the up / down kernels' variants where measured (up_mma, down_mma)
+            if v in t:
+                cfg[v] = int(t[v])
         return cfg
     return default_config(E, I, D, KT, bucket)
 
@@ -139,24 +140,40 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
     return dict(UPMMA=True, UW=UW, UU=UU, NTG=2 if bucket >= 16 else 1, CPC=cpc_for(I, 16, KT, bucket))
 
 
-def down_mma(I: int, D: int, KT: int, bucket: int, group: bool) -> Optional[dict]:
+DOWN_MMA_MIN_BUCKET = 32   # heuristic where the GPU's table says nothing: the tensor-core down kernel from this bucket
+
+
+def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[int] = None) -> Optional[dict]:
     """The grouped down projection on tensor cores + a combine kernel (template DOWNMMA; three launches in all), or
-    None for the per-(token, slot) down kernel. K3FUSE_MOE_DOWN_MMA=1 takes it at the grouped buckets; off otherwise
-    (opt-in: written in session 17 after the device time ran out, not yet run on a GPU). Why: without the PDL chain
-    the TP16 M = 64 layer's down kernel took 178 us for ~0.41 GB of distinct W2 (~99 us): it reads W2 per (token,
-    slot), ~1.4 GB through L2. Here an owner CTA per (chosen expert, RPC row blocks of 128) runs W2_e's 16-row tiles
-    as MMA A operands over 16 member tokens at a time, so W2_e crosses L2 once per 16 members; y [M, k, D] bf16 goes
-    to a scratch and the combine sums it in slot order. Session 16's grouped down (+482 us) looped over 56 row chunks
-    of 32 rows with dependent loads per owner; here a CTA's row block is 128 rows with every load of a k-group in
-    flight, and RPC is the fewest row blocks per CTA that keep the grid <= UP_CTAS. Read at render time (build's memo
-    keys on the variable). Returns the template's DOWNMMA, RPC, UD (k-steps per load group), DNTG."""
-    if os.environ.get("K3FUSE_MOE_DOWN_MMA", "0") != "1" or not group:
+    None for the per-(token, slot) down kernel. K3FUSE_MOE_DOWN_MMA=1 takes it at every grouped bucket, 0 never;
+    otherwise the GPU table's "DOWNMMA" for the shape and bucket (`tabled`, read by config_for), else from bucket
+    DOWN_MMA_MIN_BUCKET. Why: the per-(token, slot) down kernel reads W2 once per (token, slot) through L2 (without
+    the PDL chain the TP16 M = 64 layer's down kernel took 178 us for ~0.41 GB of distinct W2, ~99 us). Here an owner
+    CTA per (chosen expert, RPC row blocks of 128) runs W2_e's 16-row tiles as MMA A operands over 16 member tokens
+    at a time, so W2_e crosses L2 once per 16 members; y [M, k, D] bf16 goes to a scratch and the combine sums it in
+    slot order. RPC is the fewest row blocks per CTA that keep the grid <= UP_CTAS.
+    Measured on the H200 (2026-12-02, session 18, KDA + MoE layer, layer_ab, per-slot -> MMA down, us per layer):
+    TP16 (I = 192) M = 64 559.6 -> 541.2 (8 / 8 pairs), M = 16 268.8 -> 271.1 (0 / 8), M = 8 199.5 -> 200.8
+    (2 / 8): the table keeps it off at 8 and 16; TP8 (I = 384) M = 64 971.5 -> 890.2, M = 8 322.0 -> 309.3 (6 / 6
+    each). The down kernel alone (profile without the PDL chain, TP16 M = 64): 178 -> 141.9 us.
+    Read at render time (build's memo keys on the variable). Returns the template's DOWNMMA, RPC, UD (k-steps per
+    load group), DNTG."""
+    env = os.environ.get("K3FUSE_MOE_DOWN_MMA", "")
+    if env in ("0", "1"):
+        on = env == "1"
+    else:
+        on = bool(tabled) if tabled is not None else bucket >= DOWN_MMA_MIN_BUCKET
+    if not on or not group:                          # group: a grouped bucket (> 1)
         return None
     nvi, nd = I // 8, D // 128
-    if D % 512 or nvi % 12:                          # 128-row blocks, the combine's 64 x 16-byte CTAs, UD = 3 groups
+    ud = int(os.environ.get("K3FUSE_MOE_DOWN_UD", "3"))   # k-steps per load group (an A/B knob, session 18)
+    if D % 512 or nvi % (4 * ud):                    # 128-row blocks, the combine's 64 x 16-byte CTAs, UD k-step groups
+        if ud != 3:
+            raise ValueError(f"K3FUSE_MOE_DOWN_UD={ud}: I / 8 = {nvi} is not a multiple of 4 * UD")
         return None
-    rpc = next(d for d in range(1, nd + 1) if nd % d == 0 and (bucket * KT * (nd // d) <= UP_CTAS or d == nd))
-    return dict(DOWNMMA=True, RPC=rpc, UD=3, DNTG=2 if bucket >= 16 else 1)
+    cap = int(os.environ.get("K3FUSE_MOE_DOWN_CTAS", str(UP_CTAS)))   # grid cap (an A/B knob, session 18)
+    rpc = next(d for d in range(1, nd + 1) if nd % d == 0 and (bucket * KT * (nd // d) <= cap or d == nd))
+    return dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
 
 
 def cpc_for(I: int, R: int, KT: int, bucket: int) -> int:
@@ -202,7 +219,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
                   DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
     # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were
     params.update(up_mma(I, D, KT, bucket, group, cfg.get("UPMMA")) or {})
-    params.update(down_mma(I, D, KT, bucket, group) or {})
+    params.update(down_mma(I, D, KT, bucket, group, cfg.get("DOWNMMA")) or {})
     return params
 
 
@@ -224,7 +241,8 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
-            os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""))
+            os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
+            os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""))
     k = _built.get(memo)
     if k is not None:
         return k
@@ -232,7 +250,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     meta = dict(family=FAMILY, op=OP, shape=dict(E=E, I=I, D=D, k=KT), bucket=bucket, config=cfg,
                 template=TEMPLATE, beta=float(beta), lbeta=float(lbeta))
     k = compile_source(src, arch, load=load, meta=meta)
-    _scratch_y[k.key] = down_mma(I, D, KT, bucket, bool(cfg["GROUP"]) and bucket > 1) is not None
+    _scratch_y[k.key] = down_mma(I, D, KT, bucket, bool(cfg["GROUP"]) and bucket > 1, cfg.get("DOWNMMA")) is not None
     _built[memo] = k
     return k
 

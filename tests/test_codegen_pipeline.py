@@ -185,11 +185,10 @@ def test_tuning_table_entries_render():
                     if kc:
                         kc.setdefault("SB", moe_experts.default_sb(KT, I, kc["LPR"], kc["RT"]))  # knobs added later
                         kc.setdefault("KS", moe_experts.default_ks(KT, int(b)))
-                    else:                         # an entry holding the up kernel's variant alone (UPMMA)
-                        assert set(cfg) <= {"UPMMA", "why"}, (key, b)
+                    else:                         # an entry holding the up / down kernels' variants alone
+                        assert set(cfg) <= {"UPMMA", "DOWNMMA", "why"}, (key, b)
                         kc = moe_experts.default_config(E, I, D, KT, int(b))
-                    if "UPMMA" in cfg:
-                        kc["UPMMA"] = cfg["UPMMA"]
+                    kc.update({v: cfg[v] for v in ("UPMMA", "DOWNMMA") if v in cfg})
                     assert moe_experts.config_for(E, I, D, KT, int(b), gpu=p.stem) == kc, (key, b)  # taken as is
                     compile(moe_experts.render_source(E, I, D, KT, int(b), cfg=kc)[0], key, "exec")
                     n_moe += 1

@@ -69,7 +69,8 @@ def _ptx_checks(k, arch, I, b):
 
 # four compiles (~2 s each): both archs, both TP shapes, ungrouped (bucket 1) and grouped (8, 64)
 @pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 1), ("sm_90a", 8, 64), ("sm_100a", 8, 1), ("sm_100a", 16, 8)])
-def test_compiles(arch, tp, b):
+def test_compiles(arch, tp, b, monkeypatch):
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")    # the per-slot down's PTX (the tensor-core one: test_down_mma_compiles)
     I = I_TP[tp]
     k = me.build(E, I, D, KT, b, arch=arch, load=False)
     assert {"kernel.py", "kernel.ptx", "kernel.cubin"} <= set(k.files)
@@ -84,6 +85,7 @@ def test_up_mma_compiles(arch, tp, b, monkeypatch):
     (UU k-steps x 2 row tiles x NTG n-tiles x 2), no 16-bit loads and no local memory; bucket 1 (ungrouped) never
     takes it."""
     I = I_TP[tp]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")          # the up kernel's MMAs alone
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")
     plain, plain1 = me.render_source(E, I, D, KT, b)[0], me.render_source(E, I, D, KT, 1)[0]
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
@@ -130,19 +132,21 @@ def test_up_mma_follows_the_table(monkeypatch):
 
 @pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_90a", 8, 8), ("sm_100a", 16, 16), ("sm_100a", 8, 2)])
 def test_down_mma_compiles(arch, tp, b, monkeypatch):
-    """K3FUSE_MOE_DOWN_MMA=1 (opt-in, not yet run on a GPU): the grouped down projection on tensor cores + the combine,
-    three launches; off, the sources are the default's. PTX: the down kernel's UD x DNTG x 2 MMAs per load group (plus
+    """The grouped down projection on tensor cores + the combine, three launches (the default from bucket
+    DOWN_MMA_MIN_BUCKET; K3FUSE_MOE_DOWN_MMA=1 at every grouped bucket, 0 never). PTX: the down kernel's UD x DNTG x 2 MMAs per load group (plus
     the tensor-core up's where it is on), 128-bit y stores and loads, no local memory; bucket 1 never takes it."""
     I = I_TP[tp]
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")           # the down kernel's MMAs alone
-    monkeypatch.delenv("K3FUSE_MOE_DOWN_MMA", raising=False)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
     plain, plain1 = me.render_source(E, I, D, KT, b)[0], me.render_source(E, I, D, KT, 1)[0]
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
     src = me.render_source(E, I, D, KT, b)[0]
     assert "down_mma_kernel(mA" in src and "combine_kernel(mY" in src and "down_mma_kernel(mA" not in plain
     assert me.render_source(E, I, D, KT, 1)[0] == plain1
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
-    assert me.render_source(E, I, D, KT, b)[0] == plain
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_MMA")
+    assert me.render_source(E, I, D, KT, b)[0] == (src if b >= me.DOWN_MMA_MIN_BUCKET else plain)
+    assert me.render_source(E, I, D, KT, 1)[0] == plain1
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
     p = me.down_mma(I, D, KT, b, True)
     nd = D // 128
@@ -155,6 +159,29 @@ def test_down_mma_compiles(arch, tp, b, monkeypatch):
     stores = re.findall(r"st\.global(?:\.[a-z0-9:_]+)*", ptx)
     assert "st.global.v4.b32" in stores                                # y and out, 16 bytes per store
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_down_mma_follows_the_table(monkeypatch):
+    """The H200 table's DOWNMMA (measured per shape and bucket) picks the down kernel where the variable is unset: on
+    at TP16 bucket 64 and TP8 buckets 8 and 64, off at TP16 buckets 8 and 16 (measured slower there; bucket 16 is an
+    entry holding DOWNMMA alone, so its knobs stay the heuristic's); the variable overrides it."""
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_MMA", raising=False)
+    def mma_src(I, b):
+        cfg = me.config_for(E, I, D, KT, b, gpu="nvidia_h200")
+        return "down_mma_kernel(mA" in me.render_source(E, I, D, KT, b, cfg=cfg)[0]
+    assert mma_src(192, 64) and mma_src(384, 64) and mma_src(384, 8)
+    assert not mma_src(192, 8) and not mma_src(192, 16) and not mma_src(192, 1)
+    assert {k: v for k, v in me.config_for(E, 192, D, KT, 16, gpu="nvidia_h200").items() if k != "DOWNMMA"} == \
+        me.default_config(E, 192, D, KT, 16)
+    assert mma_src(192, 32) == (32 >= me.DOWN_MMA_MIN_BUCKET)        # no entry: the heuristic
+    # the launch passes the y scratch exactly where the kernel takes it (decided at build, from the same config)
+    for I, b in ((384, 8), (192, 8)):
+        k = me.build(E, I, D, KT, b, cfg=me.config_for(E, I, D, KT, b, gpu="nvidia_h200"), arch="sm_90a", load=False)
+        assert me._scratch_y[k.key] == mma_src(I, b)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    assert mma_src(192, 8)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
+    assert not mma_src(384, 64)
 
 
 def test_fallback_on_cpu_logs_once(caplog):
