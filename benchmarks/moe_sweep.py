@@ -189,7 +189,7 @@ def write_table(res):
         key = f"moe_experts:{E}x{I_TP[tp]}x{D}x{KT}"
         old = table["entries"].get(key, {}).get(str(bucket_for(M))) or {}
         # the up / down kernels' variants (measured in the layer: codegen/moe_experts.up_mma, down_mma) are not knobs here
-        keep = {k: old[k] for k in ("UPMMA", "DOWNMMA") if k in old}
+        keep = {k: old[k] for k in ("UPMMA", "DOWNMMA", "DCTAS") if k in old}
         table["entries"].setdefault(key, {})[str(bucket_for(M))] = dict(
             r["best"], kernel_us=r["best_us"], default_us=r["default_us"], **keep)
         n += 1

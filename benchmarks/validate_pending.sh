@@ -30,6 +30,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s19            # session 17's unrun K3FUSE_MOE_DOWN_MMA: tests, memcheck, layer A/Bs, profile
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s20            # the down from the table; its UD A/Bs; TP8 M = 8 up A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s21            # the down's grid cap A/Bs; the M = 64 (TP16, TP8) and TP8 M = 8 rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s22            # e2e M = 64; TP8 rows with the table's DCTAS; moe tests
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's MoE variants (since removed: slower, session 17)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
@@ -496,6 +497,16 @@ elif [ "$part" = s21 ]; then      # the tensor-core down's grid cap (A/B), then 
         cp "$L"/layer_bench_d_tp$tp.json "$L"/layer_bench_d_tp$tp.png "$OUT/" 2>/dev/null
     done
     tar czf "$OUT/logs_s21.tgz" -C "$L" .
+elif [ "$part" = s22 ]; then      # end to end at M = 64 (the tensor-core up and down by the heuristic), TP8 rows with DCTAS, moe tests
+    timeout 170 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 64 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e M=64 rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
+    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
+    timeout 190 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 8,64 --top 16 \
+        --tag _c_tp8 > "$L/lb_c_tp8.txt" 2>&1
+    echo "layer TP8 M=8,64 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_c_tp8.txt" | tee -a "$S"
+    cp "$L"/layer_bench_c_tp8.json "$L"/layer_bench_c_tp8.png "$OUT/" 2>/dev/null
+    pytests moe 100 tests/test_moe_kernel_gpu.py -k "test_moe_experts_matches_reference"
+    tar czf "$OUT/logs_s22.tgz" -C "$L" .
 elif [ "$part" = s18 ]; then      # issue 5's M = 64 rows with the defaults as they land: TP16 and TP8, every backend
     for tp in 16 8; do
         timeout $((tp == 16 ? 150 : 200)) python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 64 --top 16 \
@@ -547,6 +558,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t, s18u, s19, s20, s21)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t, s18u, s19, s20, s21, s22)" >&2
     exit 2
 fi

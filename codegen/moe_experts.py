@@ -98,7 +98,7 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
         cfg.setdefault("KS", default_ks(KT, bucket))
         if set(cfg) != set(KNOBS) or supports(E, I, D, KT, bucket, cfg) is not None:
             cfg = default_config(E, I, D, KT, bucket)    # an entry with the up variant alone, or an unusable one
-        for v in ("UPMMA", "DOWNMMA"):               # the up / down kernels' variants where measured (up_mma, down_mma)
+        for v in ("UPMMA", "DOWNMMA", "DCTAS"):      # the up / down kernels' variants where measured (up_mma, down_mma)
             if v in t:
                 cfg[v] = int(t[v])
         return cfg
@@ -143,7 +143,8 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
 DOWN_MMA_MIN_BUCKET = 32   # heuristic where the GPU's table says nothing: the tensor-core down kernel from this bucket
 
 
-def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[int] = None) -> Optional[dict]:
+def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[int] = None,
+             ctas: Optional[int] = None) -> Optional[dict]:
     """The grouped down projection on tensor cores + a combine kernel (template DOWNMMA; three launches in all), or
     None for the per-(token, slot) down kernel. K3FUSE_MOE_DOWN_MMA=1 takes it at every grouped bucket, 0 never;
     otherwise the GPU table's "DOWNMMA" for the shape and bucket (`tabled`, read by config_for), else from bucket
@@ -151,11 +152,15 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     the PDL chain the TP16 M = 64 layer's down kernel took 178 us for ~0.41 GB of distinct W2, ~99 us). Here an owner
     CTA per (chosen expert, RPC row blocks of 128) runs W2_e's 16-row tiles as MMA A operands over 16 member tokens
     at a time, so W2_e crosses L2 once per 16 members; y [M, k, D] bf16 goes to a scratch and the combine sums it in
-    slot order. RPC is the fewest row blocks per CTA that keep the grid <= UP_CTAS.
+    slot order. RPC is the fewest row blocks per CTA that keep the grid <= `ctas` (the table's "DCTAS" where
+    measured, else UP_CTAS; K3FUSE_MOE_DOWN_CTAS overrides).
     Measured on the H200 (2026-12-02, session 18, KDA + MoE layer, layer_ab, per-slot -> MMA down, us per layer):
     TP16 (I = 192) M = 64 559.6 -> 541.2 (8 / 8 pairs), M = 16 268.8 -> 271.1 (0 / 8), M = 8 199.5 -> 200.8
     (2 / 8): the table keeps it off at 8 and 16; TP8 (I = 384) M = 64 971.5 -> 890.2, M = 8 322.0 -> 309.3 (6 / 6
     each). The down kernel alone (profile without the PDL chain, TP16 M = 64): 178 -> 141.9 us.
+    Grid cap (layer_ab, 3072 -> 8192, i.e. RPC 14 -> 4 at bucket 64, 2 -> 1 at 8): TP8 M = 64 910.2 -> 893.6, M = 8
+    318.3 -> 316.1 (6 / 6 each), so the table's DCTAS = 8192 there; TP16 M = 64 548.9 -> 567.2 (16384: 684.3): kept.
+    UD = 6 or 12 (fewer, larger load groups) was slower everywhere (TP16 M = 64 +8.7, TP8 M = 64 +41.5 / +215.7).
     Read at render time (build's memo keys on the variable). Returns the template's DOWNMMA, RPC, UD (k-steps per
     load group), DNTG."""
     env = os.environ.get("K3FUSE_MOE_DOWN_MMA", "")
@@ -171,7 +176,7 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
         if ud != 3:
             raise ValueError(f"K3FUSE_MOE_DOWN_UD={ud}: I / 8 = {nvi} is not a multiple of 4 * UD")
         return None
-    cap = int(os.environ.get("K3FUSE_MOE_DOWN_CTAS", str(UP_CTAS)))   # grid cap (an A/B knob, session 18)
+    cap = int(os.environ.get("K3FUSE_MOE_DOWN_CTAS", ctas or UP_CTAS))   # grid cap
     rpc = next(d for d in range(1, nd + 1) if nd % d == 0 and (bucket * KT * (nd // d) <= cap or d == nd))
     return dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
 
@@ -219,7 +224,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
                   DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
     # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were
     params.update(up_mma(I, D, KT, bucket, group, cfg.get("UPMMA")) or {})
-    params.update(down_mma(I, D, KT, bucket, group, cfg.get("DOWNMMA")) or {})
+    params.update(down_mma(I, D, KT, bucket, group, cfg.get("DOWNMMA"), cfg.get("DCTAS")) or {})
     return params
 
 
@@ -250,7 +255,8 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     meta = dict(family=FAMILY, op=OP, shape=dict(E=E, I=I, D=D, k=KT), bucket=bucket, config=cfg,
                 template=TEMPLATE, beta=float(beta), lbeta=float(lbeta))
     k = compile_source(src, arch, load=load, meta=meta)
-    _scratch_y[k.key] = down_mma(I, D, KT, bucket, bool(cfg["GROUP"]) and bucket > 1, cfg.get("DOWNMMA")) is not None
+    _scratch_y[k.key] = down_mma(I, D, KT, bucket, bool(cfg["GROUP"]) and bucket > 1, cfg.get("DOWNMMA"),
+                                  cfg.get("DCTAS")) is not None
     _built[memo] = k
     return k
 

@@ -164,7 +164,8 @@ def test_down_mma_compiles(arch, tp, b, monkeypatch):
 def test_down_mma_follows_the_table(monkeypatch):
     """The H200 table's DOWNMMA (measured per shape and bucket) picks the down kernel where the variable is unset: on
     at TP16 bucket 64 and TP8 buckets 8 and 64, off at TP16 buckets 8 and 16 (measured slower there; bucket 16 is an
-    entry holding DOWNMMA alone, so its knobs stay the heuristic's); the variable overrides it."""
+    entry holding DOWNMMA alone, so its knobs stay the heuristic's), with its grid cap (DCTAS) where measured; the
+    variable overrides it."""
     monkeypatch.delenv("K3FUSE_MOE_DOWN_MMA", raising=False)
     def mma_src(I, b):
         cfg = me.config_for(E, I, D, KT, b, gpu="nvidia_h200")
@@ -174,6 +175,10 @@ def test_down_mma_follows_the_table(monkeypatch):
     assert {k: v for k, v in me.config_for(E, 192, D, KT, 16, gpu="nvidia_h200").items() if k != "DOWNMMA"} == \
         me.default_config(E, 192, D, KT, 16)
     assert mma_src(192, 32) == (32 >= me.DOWN_MMA_MIN_BUCKET)        # no entry: the heuristic
+    # the grid cap: the table's DCTAS = 8192 at TP8 (RPC 4 of 28 row blocks at bucket 64, 1 at 8), else UP_CTAS
+    def rpc(I, b):
+        return me.template_params(E, I, D, KT, b, me.config_for(E, I, D, KT, b, gpu="nvidia_h200"), 4.0, 25.0)["RPC"]
+    assert (rpc(384, 64), rpc(384, 8), rpc(192, 64)) == (4, 1, 14)
     # the launch passes the y scratch exactly where the kernel takes it (decided at build, from the same config)
     for I, b in ((384, 8), (192, 8)):
         k = me.build(E, I, D, KT, b, cfg=me.config_for(E, I, D, KT, b, gpu="nvidia_h200"), arch="sm_90a", load=False)
