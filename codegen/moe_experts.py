@@ -157,7 +157,8 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     Measured on the H200 (2026-12-02, session 18, KDA + MoE layer, layer_ab, per-slot -> MMA down, us per layer):
     TP16 (I = 192) M = 64 559.6 -> 541.2 (8 / 8 pairs), M = 16 268.8 -> 271.1 (0 / 8), M = 8 199.5 -> 200.8
     (2 / 8): the table keeps it off at 8 and 16; TP8 (I = 384) M = 64 971.5 -> 890.2, M = 8 322.0 -> 309.3 (6 / 6
-    each). The down kernel alone (profile without the PDL chain, TP16 M = 64): 178 -> 141.9 us.
+    each); TP16 M = 32 416.5 -> 408.5 (5 / 6), TP8 M = 32 712.4 -> 639.6, M = 16 481.5 -> 453.1 (6 / 6 each).
+    The down kernel alone (profile without the PDL chain, TP16 M = 64): 178 -> 141.9 us.
     Grid cap (layer_ab, 3072 -> 8192, i.e. RPC 14 -> 4 at bucket 64, 2 -> 1 at 8): TP8 M = 64 910.2 -> 893.6, M = 8
     318.3 -> 316.1 (6 / 6 each), so the table's DCTAS = 8192 there; TP16 M = 64 548.9 -> 567.2 (16384: 684.3): kept.
     UD = 6 or 12 (fewer, larger load groups) was slower everywhere (TP16 M = 64 +8.7, TP8 M = 64 +41.5 / +215.7).

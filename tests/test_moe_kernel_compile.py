@@ -163,18 +163,18 @@ def test_down_mma_compiles(arch, tp, b, monkeypatch):
 
 def test_down_mma_follows_the_table(monkeypatch):
     """The H200 table's DOWNMMA (measured per shape and bucket) picks the down kernel where the variable is unset: on
-    at TP16 bucket 64 and TP8 buckets 8 and 64, off at TP16 buckets 8 and 16 (measured slower there; bucket 16 is an
+    at TP16 buckets 32 and 64 and TP8 buckets 8-64, off at TP16 buckets 8 and 16 (measured slower there; bucket 16 is an
     entry holding DOWNMMA alone, so its knobs stay the heuristic's), with its grid cap (DCTAS) where measured; the
     variable overrides it."""
     monkeypatch.delenv("K3FUSE_MOE_DOWN_MMA", raising=False)
     def mma_src(I, b):
         cfg = me.config_for(E, I, D, KT, b, gpu="nvidia_h200")
         return "down_mma_kernel(mA" in me.render_source(E, I, D, KT, b, cfg=cfg)[0]
-    assert mma_src(192, 64) and mma_src(384, 64) and mma_src(384, 8)
+    assert mma_src(192, 64) and mma_src(192, 32) and all(mma_src(384, b) for b in (8, 16, 32, 64))
     assert not mma_src(192, 8) and not mma_src(192, 16) and not mma_src(192, 1)
     assert {k: v for k, v in me.config_for(E, 192, D, KT, 16, gpu="nvidia_h200").items() if k != "DOWNMMA"} == \
         me.default_config(E, 192, D, KT, 16)
-    assert mma_src(192, 32) == (32 >= me.DOWN_MMA_MIN_BUCKET)        # no entry: the heuristic
+    assert mma_src(384, 4) == (4 >= me.DOWN_MMA_MIN_BUCKET)          # no entry: the heuristic
     # the grid cap: the table's DCTAS = 8192 at TP8 (RPC 4 of 28 row blocks at bucket 64, 1 at 8), else UP_CTAS
     def rpc(I, b):
         return me.template_params(E, I, D, KT, b, me.config_for(E, I, D, KT, b, gpu="nvidia_h200"), 4.0, 25.0)["RPC"]
