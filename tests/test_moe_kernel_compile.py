@@ -133,8 +133,8 @@ def test_up_mma_follows_the_table(monkeypatch):
 @pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_90a", 8, 8), ("sm_100a", 16, 16), ("sm_100a", 8, 2)])
 def test_down_mma_compiles(arch, tp, b, monkeypatch):
     """The grouped down projection on tensor cores + the combine, three launches (the default from bucket
-    DOWN_MMA_MIN_BUCKET; K3FUSE_MOE_DOWN_MMA=1 at every grouped bucket, 0 never). PTX: the down kernel's UD x DNTG x 2 MMAs per load group (plus
-    the tensor-core up's where it is on), 128-bit y stores and loads, no local memory; bucket 1 never takes it."""
+    DOWN_MMA_MIN_BUCKET; K3FUSE_MOE_DOWN_MMA=1 at every grouped bucket, 0 never). PTX: the down kernel's UD x DNTG x 2
+    MMAs per load group, 128-bit y stores and loads, no local memory; bucket 1 never takes it."""
     I = I_TP[tp]
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")           # the down kernel's MMAs alone
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
@@ -146,7 +146,6 @@ def test_down_mma_compiles(arch, tp, b, monkeypatch):
     monkeypatch.delenv("K3FUSE_MOE_DOWN_MMA")
     assert me.render_source(E, I, D, KT, b)[0] == (src if b >= me.DOWN_MMA_MIN_BUCKET else plain)
     assert me.render_source(E, I, D, KT, 1)[0] == plain1
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
     p = me.down_mma(I, D, KT, b, True)
     nd = D // 128
