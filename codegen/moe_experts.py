@@ -3,7 +3,7 @@
     out[m] = bf16(sum_j fp32(weights[m, j]) * fp32(bf16(W2_e bf16(SiTU-GLU(bf16(W13_e z_m)))))),  e = ids[m, j]
 
 One template, templates/moe_experts_simt.py.jinja, compiled as ONE function that issues two launches on the
-current stream (scratch a [M, k, I] bf16 between them):
+current stream (scratch a [M, k, I] bf16 between them; three with the tensor-core down, below):
   up    W13 GEMV + SiTU-GLU in registers (gate row i and up row I + i in the same CTA). GROUPED for buckets > 1:
         an expert chosen by several tokens is read once (its first pair computes every member token); bucket 1
         is the plain per-(token, slot) kernel.
@@ -12,7 +12,8 @@ current stream (scratch a [M, k, I] bf16 between them):
         side, so a W2 slice shared by several tokens should come from L2 after the first (unmeasured).
 Both are CUDA-core kernels with 16-byte weight loads and compile-time register indices, except where up_mma()
 takes the grouped up on tensor cores (the H200 table's UPMMA, measured in session 17) and where down_mma() takes the
-grouped down on tensor cores + a combine kernel (the table's DOWNMMA, measured in session 18).
+grouped down on tensor cores + a combine kernel (the table's DOWNMMA, measured in session 18; scratch y [M, k, D]
+bf16 between them).
 
 Status (2026-11-29): renders and compiles for sm_90a and sm_100a (tests/test_moe_kernel_compile.py); matches the
 reference on the H200 (tests/test_moe_kernel_gpu.py); registered by registry.register() (IMPLS below).
