@@ -569,3 +569,54 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
             assert wait >= 0 and (not mem or wait < min(mem)), name
             if name.startswith("gemv"):     # the late trigger: after every weight / x load of the main loop
                 assert entry.rfind("ld.global") < entry.find("griddepcontrol.launch_dependents"), name
+
+
+# the split-K variant (mma_sk): (N, K, bucket, WN, KS); KS = 1 stores y directly, KS > 1 through the workspace
+SK_CASES = [(7168, 3584, 64, 8, 4), (768, 7168, 32, 8, 28), (7168, 384, 16, 4, 1), (2320, 1536, 64, 8, 12)]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("N,K,b,WN,KS", SK_CASES)
+def test_gemv_splitk_compiles(arch, N, K, b, WN, KS):
+    """Per sub-chunk: U = SUB / 32 k-steps x NT n-tiles x 2 m16n8k16 MMAs, one 16-byte shared load per (k-step,
+    n-tile), weights and x as 16-byte global loads (the split partials, fp32, as scalars in the last CTA's sum);
+    the arrival counter only with KS > 1; no local memory."""
+    cfg = gemv.sk_config(N, K, b, WN, KS)
+    assert cfg is not None and gemv.supports(N, K, b, cfg) is None
+    k = gemv.build(N, K, b, cfg, arch=arch, load=False)
+    ptx = ptx_of(k)
+    U, NT = cfg["SUB"] // 32, b // 8
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", ptx)) == U * NT * 2
+    assert len(re.findall(r"ld\.shared\.v4\.b32", ptx)) == U * NT
+    loads = global_loads(ptx)
+    assert {l for l in loads if not is_128bit(l)} <= ({"ld.global.b32", "ld.global.f32"} if KS > 1 else set()), loads
+    assert bool(re.search(r"atom\.global\.acq_rel(\.gpu)?\.add", ptx)) == (KS > 1)   # no scope: .gpu (PTX's default)
+    assert ("fence.acq_rel.gpu" in ptx) == (KS > 1)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_gemv_splitk_configs_and_route(monkeypatch):
+    """The split-K variant's rules: supported from bucket 16 with K a multiple of KS * SUB and no pdl prologue;
+    the default takes the fewest splits that leave a CTA at most SK_KC_MAX k; the tuner's candidates hold it from bucket 16
+    only (never with pdl=1); K3FUSE_GEMV_SPLITK=1 routes k3fuse::linear to it from bucket 16, while a grouped GEMV
+    declines it (its members then launch one by one)."""
+    assert gemv.sk_supports(7168, 3584, 8, {"WN": 8, "KS": 1, "SUB": 256})           # bucket < 16
+    assert gemv.sk_supports(7168, 3584, 64, {"WN": 8, "KS": 3, "SUB": 256})          # 3584 % 768
+    assert gemv.sk_supports(7168, 3584, 64, {"WN": 8, "KS": 4, "SUB": 128, "pdl": 1})
+    assert gemv.sk_supports(7168, 3584, 64, {"WN": 8, "KS": 4, "SUB": 128}) is None
+    for N, K in ((7168, 3584), (3584, 7168), (768, 7168), (7168, 384)):
+        d = gemv.sk_default(N, K, 64)
+        assert K // d["KS"] <= gemv.SK_KC_MAX and K % (d["KS"] * d["SUB"]) == 0
+        assert all(K // s > gemv.SK_KC_MAX for s in gemv.sk_splits(K) if s < d["KS"])     # the fewest such splits
+    assert gemv.sk_default(7168, 3584, 64) == {"variant": "mma_sk", "WN": 4, "KS": 7, "SUB": 256}
+    assert not [c for c in gemv.candidates(7168, 3584, 8) if c["variant"] == "mma_sk"]
+    sk = [c for c in gemv.candidates(7168, 3584, 64) if c["variant"] == "mma_sk"]
+    assert sk and all(gemv.supports(7168, 3584, 64, c) is None and not c.get("pdl") for c in sk)
+    monkeypatch.delenv("K3FUSE_GEMV_SPLITK", raising=False)
+    assert (gemv.route(7168, 3584, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "mma_sk"
+    monkeypatch.setenv("K3FUSE_GEMV_SPLITK", "1")
+    assert gemv.route(7168, 3584, 64, gpu="nvidia_h200")[0] == gemv.sk_default(7168, 3584, 64)
+    assert gemv.route(7168, 3584, 17)[0] == gemv.sk_default(7168, 3584, 32)
+    assert gemv.route(7168, 3584, 8, gpu="nvidia_h200")[0]["variant"] == "mma"
+    cfg, why = gemv.group_route([3584, 768], 7168, 64)
+    assert cfg is None and "split-K" in why

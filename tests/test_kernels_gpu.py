@@ -47,6 +47,46 @@ def test_gemv_matches_reference(N, K, M):
         assert rel(y, x.double() @ w.double().t()) < 1e-2
 
 
+@pytest.mark.parametrize("M", [16, 17, 40, 64])
+@pytest.mark.parametrize("N,K", [(7168, 3584), (768, 7168), (7168, 384), (2320, 1536)])
+def test_gemv_splitk_matches_reference(N, K, M):
+    """The split-K variant (mma_sk; written in session 18 after the device time ran out): the default config, one
+    split and the most splits against fp64, NaN-poisoned output, on fresh inputs twice (the arrival counters
+    re-armed), and the most splits in a CUDA graph replayed with refilled inputs. N = 2320 leaves a partial last row
+    tile."""
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    b = bucket_for(M)
+    cands = (gemv.sk_default(N, K, b), gemv.sk_config(N, K, b, 4, 1), gemv.sk_config(N, K, b, 8, gemv.sk_splits(K)[-1]))
+    assert None not in cands
+    cfgs = list({str(c): c for c in cands}.values())         # one split, the most splits, and the default
+    assert any(c["KS"] > 1 for c in cfgs)
+    for cfg in cfgs:
+        for _ in range(2):
+            x, w = bf(M, K), bf(N, K, scale=K ** -0.5)
+            y = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemv.linear(x, w, cfg, out=y)
+            assert rel(y, x.double() @ w.double().t()) < 1e-2, cfg
+    x, w, y = bf(M, K), bf(N, K, scale=K ** -0.5), torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+
+    def check():
+        assert rel(y, x.double() @ w.double().t()) < 1e-2
+
+    graph_replays_poisoned(lambda: gemv.linear(x, w, cands[2], out=y),
+                           lambda: (x.copy_(bf(M, K)), w.copy_(bf(N, K, scale=K ** -0.5))), [y], check)
+
+
+def test_gemv_splitk_routes_when_forced(monkeypatch):
+    """K3FUSE_GEMV_SPLITK=1 routes k3fuse::linear through the split-K variant from bucket 16, the fused
+    o_proj + mix-norm path's GEMV too; values as the reference."""
+    from k3fuse.codegen import gemv, registry
+    monkeypatch.setenv("K3FUSE_GEMV_SPLITK", "1")
+    assert gemv.route(7168, 3584, 64)[0]["variant"] == "mma_sk"
+    assert (gemv.route(7168, 3584, 8)[0] or {}).get("variant") != "mma_sk"
+    x, w = bf(64, 3584), bf(7168, 3584, scale=3584 ** -0.5)
+    assert rel(registry.linear_cuda(x, w), x.double() @ w.double().t()) < 1e-2
+
+
 def frn_inputs(M, nb, addend, prefix, H=7168, K=1536):
     """Fresh random inputs of k3fuse::fused_residual_norm: o, w_o, addend, prefix, the nb block snapshots (strided
     views of one [M, 8, H] buffer, returned too), w_mix (fp32) and the norm weight."""
