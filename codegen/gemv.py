@@ -414,7 +414,7 @@ def linear(x, w, cfg: Optional[dict] = None, out=None):
     k = build(N, K, bucket, cfg)
     y = out if out is not None else torch.empty(M, N, dtype=x.dtype, device=x.device)
     if cfg["variant"] == "mma_sk" and cfg["KS"] > 1:    # fp32 partials per split + the row tiles' arrival counters
-        ws = torch.empty(cfg["KS"], N, bucket, dtype=torch.float32, device=x.device)
+        ws = torch.empty(cfg["KS"], bucket, N, dtype=torch.float32, device=x.device)
         k(x, w, y, ws, sk_counters(x.device, -(-N // (16 * cfg["WN"]))))
     else:
         k(x, w, y)
