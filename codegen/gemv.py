@@ -61,7 +61,7 @@ def supports(N: int, K: int, bucket: Optional[int], cfg: Optional[dict] = None) 
 
 
 # ------------------------------------------------------------------------------------------ split-K (mma_sk)
-SK_MIN_BUCKET = 16     # x's n-tiles of 8 tokens: below 16 the x copy costs more than the L2 traffic it saves
+SK_MIN_BUCKET = 16     # below, gemv_mma / simt run near the copy bandwidth (tuning table); the gap is at M = 32-64
 SK_SUBS = (256, 128)   # k per shared-memory sub-chunk: BM x (SUB + 32) bf16 <= 36 KiB at BM = 64
 
 
@@ -99,8 +99,8 @@ SK_KC_MAX = 512   # the default's k per CTA (a first guess, not measured; PERF_N
 
 
 def sk_default(N: int, K: int, bucket: int) -> Optional[dict]:
-    """The split-K config used where nothing is tabled (K3FUSE_GEMV_SPLITK=1). 4 warps (64 rows per CTA): a CTA
-    of ~170 registers x 128 threads leaves room for 3 per SM, which overlap each other's load latency. The fewest
+    """The split-K config used where nothing is tabled (K3FUSE_GEMV_SPLITK=1). 4 warps (64 rows per CTA), so that
+    several CTAs fit on an SM and overlap each other's load latency (register count not yet known). The fewest
     splits that leave each CTA at most SK_KC_MAX k: a CTA runs its sub-chunks one after another (load, barrier,
     MMAs, barrier), so a long K slice is a long chain of exposed latencies."""
     WN = 4 if N >= 64 else max(1, N // 16)
