@@ -173,14 +173,24 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     if not on or not group:                          # group: a grouped bucket (> 1)
         return None
     nvi, nd = I // 8, D // 128
-    ud = int(os.environ.get("K3FUSE_MOE_DOWN_UD", "3"))   # k-steps per load group (an A/B knob, session 18)
+    ud = _env_int("K3FUSE_MOE_DOWN_UD", 3)           # k-steps per load group (an A/B knob, session 18)
     if D % 512 or nvi % (4 * ud):                    # 128-row blocks, the combine's 64 x 16-byte CTAs, UD k-step groups
         if ud != 3:
             raise ValueError(f"K3FUSE_MOE_DOWN_UD={ud}: I / 8 = {nvi} is not a multiple of 4 * UD")
         return None
-    cap = int(os.environ.get("K3FUSE_MOE_DOWN_CTAS", ctas or UP_CTAS))   # grid cap
+    cap = _env_int("K3FUSE_MOE_DOWN_CTAS", ctas or UP_CTAS)               # grid cap
     rpc = next(d for d in range(1, nd + 1) if nd % d == 0 and (bucket * KT * (nd // d) <= cap or d == nd))
     return dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
+
+
+def _env_int(name: str, default: int) -> int:
+    v = os.environ.get(name, "")
+    if v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"{name}={v!r}: an integer expected") from None
 
 
 def cpc_for(I: int, R: int, KT: int, bucket: int) -> int:

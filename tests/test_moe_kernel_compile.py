@@ -188,6 +188,21 @@ def test_down_mma_follows_the_table(monkeypatch):
     assert not mma_src(384, 64)
 
 
+def test_down_mma_knobs_say_what_is_wrong(monkeypatch):
+    """The down kernel's A/B knobs: a value that is not an integer, or a UD that does not divide the k-steps, is an
+    error naming the variable, not a silent fallback."""
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_CTAS", "lots")
+    with pytest.raises(ValueError, match="K3FUSE_MOE_DOWN_CTAS='lots'"):
+        me.down_mma(192, D, KT, 64, True)
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_CTAS")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_UD", "12")                  # I / 8 = 24 is not a multiple of 48
+    with pytest.raises(ValueError, match="K3FUSE_MOE_DOWN_UD=12"):
+        me.down_mma(192, D, KT, 64, True)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_UD", "6")
+    assert me.down_mma(192, D, KT, 64, True)["UD"] == 6
+
+
 def test_fallback_on_cpu_logs_once(caplog):
     from k3fuse import ops
     from k3fuse.codegen import registry
