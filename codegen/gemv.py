@@ -78,13 +78,17 @@ def sk_supports(N: int, K: int, bucket: int, cfg: dict) -> Optional[str]:
         return f"K={K} not a multiple of KS * SUB = {KS} * {SUB} (SUB one of {SK_SUBS})"
     if not 1 <= WN <= 16:
         return f"WN={WN} outside 1..16 warps"
+    if cfg.get("PF", 0) not in (0, 1):
+        return f"PF must be 0 or 1, not {cfg['PF']!r}"
     return None
 
 
-def sk_config(N: int, K: int, bucket: int, WN: int, KS: int) -> Optional[dict]:
-    """The split-K config with WN warps and KS splits (the larger sub-chunk that divides a split), or None."""
+def sk_config(N: int, K: int, bucket: int, WN: int, KS: int, PF: int = 0) -> Optional[dict]:
+    """The split-K config with WN warps and KS splits (the larger sub-chunk that divides a split), or None. PF = 1:
+    each warp first bulk-prefetches its rows of the CTA's K slice into L2 (off by default: the same prefetch in the
+    GEMVs, each CTA its own rows, measured +4..+13 us per layer in session 7, PERF_NOTES.md)."""
     SUB = next((s for s in SK_SUBS if K % (KS * s) == 0), None)
-    cfg = {"variant": "mma_sk", "WN": WN, "KS": KS, "SUB": SUB or SK_SUBS[-1]}
+    cfg = {"variant": "mma_sk", "WN": WN, "KS": KS, "SUB": SUB or SK_SUBS[-1], "PF": int(PF)}
     return cfg if SUB and sk_supports(N, K, bucket, cfg) is None else None
 
 
@@ -165,7 +169,7 @@ def candidates(N: int, K: int, bucket: int) -> list[dict]:
             for KS in sk_splits(K):
                 c = sk_config(N, K, bucket, WN, KS)
                 if c is not None and SK_GRID // 2 <= tiles * KS <= 4 * SK_GRID:
-                    out.append(c)
+                    out += [c, dict(c, PF=1)]
     d = default_config(N, K, bucket)
     if d not in out:
         out.append(d)
@@ -196,8 +200,8 @@ def _pdl_bases(N: int, K: int, bucket: int, cands: list[dict], most: int = 4) ->
 
 
 _CFG_KEYS = {"simt": ("variant", "R", "W"), "mma": ("variant", "W", "U", "WN", "RT", "KB"),
-             "mma_sk": ("variant", "WN", "KS", "SUB")}
-_CFG_DEFAULTS = {"WN": 1, "RT": 1, "KB": 0}
+             "mma_sk": ("variant", "WN", "KS", "SUB", "PF")}
+_CFG_DEFAULTS = {"WN": 1, "RT": 1, "KB": 0, "PF": 0}
 
 
 def _clean(cfg: dict) -> dict:
@@ -249,7 +253,8 @@ def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     # PDL / PF_CHUNK are passed only with pdl=1 (the templates default PDL to off): see the module docstring
     pdl = dict(PDL=True, PF_CHUNK=PF_CHUNK) if cfg.get("pdl") else {}
     if cfg["variant"] == "mma_sk":
-        return dict(N=N, K=K, BM=bucket, NT=bucket // 8, WN=cfg["WN"], KS=cfg["KS"], SUB=cfg["SUB"])
+        return dict(N=N, K=K, BM=bucket, NT=bucket // 8, WN=cfg["WN"], KS=cfg["KS"], SUB=cfg["SUB"],
+                    PF=bool(cfg.get("PF", 0)))
     if cfg["variant"] == "mma":
         S, W, U, KB = K // 32, cfg["W"], cfg["U"], int(cfg.get("KB", 0))
         return dict(N=N, K=K, BM=bucket, W=W, U=U, WN=cfg.get("WN", 1), RT=cfg.get("RT", 1), NT=max(1, bucket // 8),

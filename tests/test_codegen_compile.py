@@ -574,17 +574,18 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
                 assert last < entry.find("griddepcontrol.launch_dependents"), name
 
 
-# the split-K variant (mma_sk): (N, K, bucket, WN, KS); KS = 1 stores y directly, KS > 1 through the workspace
-SK_CASES = [(7168, 3584, 64, 8, 4), (768, 7168, 32, 8, 28), (7168, 384, 16, 4, 1), (2320, 1536, 64, 8, 12)]
+# the split-K variant (mma_sk): (N, K, bucket, WN, KS, PF); KS = 1 stores y directly, KS > 1 through the workspace
+SK_CASES = [(7168, 3584, 64, 8, 4, 0), (768, 7168, 32, 8, 28, 1), (7168, 384, 16, 4, 1, 1), (2320, 1536, 64, 8, 12, 0)]
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("N,K,b,WN,KS", SK_CASES)
-def test_gemv_splitk_compiles(arch, N, K, b, WN, KS):
+@pytest.mark.parametrize("N,K,b,WN,KS,PF", SK_CASES)
+def test_gemv_splitk_compiles(arch, N, K, b, WN, KS, PF):
     """Per sub-chunk: U = SUB / 32 k-steps x NT n-tiles x 2 m16n8k16 MMAs, one 16-byte shared load per (k-step,
     n-tile), weights and x as 16-byte global loads (the split partials, fp32, as scalars in the last CTA's sum);
-    the arrival counter only with KS > 1; the slice's L2 bulk prefetch; no local memory."""
-    cfg = gemv.sk_config(N, K, b, WN, KS)
+    the arrival counter only with KS > 1; the slice's L2 bulk prefetch (before the PDL wait) only with PF = 1; no
+    local memory."""
+    cfg = gemv.sk_config(N, K, b, WN, KS, PF)
     assert cfg is not None and gemv.supports(N, K, b, cfg) is None
     k = gemv.build(N, K, b, cfg, arch=arch, load=False)
     ptx = ptx_of(k)
@@ -596,7 +597,8 @@ def test_gemv_splitk_compiles(arch, N, K, b, WN, KS):
     assert bool(re.search(r"atom\.global\.acq_rel(\.gpu)?\.add", ptx)) == (KS > 1)   # no scope: .gpu (PTX's default)
     assert ("fence.acq_rel.gpu" in ptx) == (KS > 1)
     # the weight slice's L2 prefetch, ahead of the PDL wait (the chain is on by default)
-    assert 0 <= ptx.find("cp.async.bulk.prefetch.L2") < ptx.find("griddepcontrol.wait")
+    assert ("cp.async.bulk.prefetch.L2" in ptx) == bool(PF)
+    assert ptx.find("cp.async.bulk.prefetch.L2") < ptx.find("griddepcontrol.wait")
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
@@ -613,10 +615,11 @@ def test_gemv_splitk_configs_and_route(monkeypatch):
         d = gemv.sk_default(N, K, 64)
         assert K // d["KS"] <= gemv.SK_KC_MAX and K % (d["KS"] * d["SUB"]) == 0
         assert all(K // s > gemv.SK_KC_MAX for s in gemv.sk_splits(K) if s < d["KS"])     # the fewest such splits
-    assert gemv.sk_default(7168, 3584, 64) == {"variant": "mma_sk", "WN": 4, "KS": 7, "SUB": 256}
+    assert gemv.sk_default(7168, 3584, 64) == {"variant": "mma_sk", "WN": 4, "KS": 7, "SUB": 256, "PF": 0}
     assert not [c for c in gemv.candidates(7168, 3584, 8) if c["variant"] == "mma_sk"]
     sk = [c for c in gemv.candidates(7168, 3584, 64) if c["variant"] == "mma_sk"]
     assert sk and all(gemv.supports(7168, 3584, 64, c) is None and not c.get("pdl") for c in sk)
+    assert {c["PF"] for c in sk} == {0, 1} and gemv.sk_default(7168, 3584, 64)["PF"] == 0
     monkeypatch.delenv("K3FUSE_GEMV_SPLITK", raising=False)
     assert (gemv.route(7168, 3584, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "mma_sk"
     monkeypatch.setenv("K3FUSE_GEMV_SPLITK", "1")
