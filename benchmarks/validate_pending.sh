@@ -518,8 +518,21 @@ elif [ "$part" = s24 ]; then      # session 18's unrun split-K GEMM (mma_sk, K3F
         "tests/test_kernels_gpu.py::test_gemv_splitk_matches_reference[2320-1536-17]"
     timeout 200 python3 benchmarks/gpu_kernels.py --out "$L" --shapes tp16 --ms 32,64 --tune --tune-ms 32,64 \
         > "$L/gk_splitk.txt" 2>&1
-    echo "gpu_kernels tune M=32,64 rc=$?" | tee -a "$S"; tail -40 "$L/gk_splitk.txt" | grep -E "^ *[0-9]+ x|best|mma_sk" | head -40 | tee -a "$S"
-    cp "$L"/gpu_kernels*.json "$OUT/" 2>/dev/null
+    echo "gpu_kernels tune M=32,64 rc=$?" | tee -a "$S"
+    cp "$L/results.json" "$OUT/gk_splitk_results.json" 2>/dev/null; cp "$L/tuning.json" "$OUT/gk_splitk_tuning.json" 2>/dev/null
+    python3 - "$L/results.json" <<'PY' | tee -a "$S"
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["results"] if r.get("family") == "gemv" and "us" in r]
+print(f"{'shape':>11} {'M':>3} {'cuBLAS':>7} {'tabled':>7} {'best mma_sk':>11}  config")
+for key in sorted({(r["N"], r["K"], r["M"]) for r in rows}):
+    rs = [r for r in rows if (r["N"], r["K"], r["M"]) == key]
+    sk = [r for r in rs if r["config"]["variant"] == "mma_sk" and r.get("ok")]
+    tab = next((r["us"] for r in rs if r.get("tabled")), float("nan"))
+    b = min(sk, key=lambda r: r["us"]) if sk else None
+    print(f"{key[0]:>5}x{key[1]:<5} {key[2]:>3} {rs[0]['cublas_us']:7.2f} {tab:7.2f} "
+          f"{(b['us'] if b else float('nan')):11.2f}  {b['config'] if b else '-'}  ({len(sk)} ok of "
+          f"{sum(r['config']['variant'] == 'mma_sk' for r in rs)})")
+PY
     ab_run splitk 150 --var K3FUSE_GEMV_SPLITK=0,1 --kinds kda,mla --tp 16 --ms 64,32 --pairs 6
     tar czf "$OUT/logs_s24.tgz" -C "$L" .
 elif [ "$part" = s18 ]; then      # issue 5's M = 64 rows with the defaults as they land: TP16 and TP8, every backend
