@@ -32,7 +32,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s21            # the down's grid cap A/Bs; the M = 64 (TP16, TP8) and TP8 M = 8 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s22            # e2e M = 64; TP8 rows with the table's DCTAS; moe tests
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s23            # the down's A/B at TP16 bucket 32, TP8 16 and 32
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune, A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24b           # the split-K GEMM in the layer (layer_ab, TP16 and TP8)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's MoE variants (since removed: slower, session 17)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s14g           # member-order GPU test, GEMV re-tune, TP8 group
@@ -516,7 +517,7 @@ elif [ "$part" = s24 ]; then      # session 18's unrun split-K GEMM (mma_sk, K3F
     pytests splitk 200 tests/test_kernels_gpu.py -k splitk
     memcheck sanitizer_splitk 150 "tests/test_kernels_gpu.py::test_gemv_splitk_matches_reference[7168-3584-64]" \
         "tests/test_kernels_gpu.py::test_gemv_splitk_matches_reference[2320-1536-17]"
-    timeout 200 python3 benchmarks/gpu_kernels.py --out "$L" --shapes tp16 --ms 32,64 --tune --tune-ms 32,64 \
+    timeout 280 python3 benchmarks/gpu_kernels.py --out "$L" --shapes tp16 --ms 32,64 --tune --tune-ms 32,64 \
         > "$L/gk_splitk.txt" 2>&1
     echo "gpu_kernels tune M=32,64 rc=$?" | tee -a "$S"
     cp "$L/results.json" "$OUT/gk_splitk_results.json" 2>/dev/null; cp "$L/tuning.json" "$OUT/gk_splitk_tuning.json" 2>/dev/null
@@ -533,8 +534,11 @@ for key in sorted({(r["N"], r["K"], r["M"]) for r in rows}):
           f"{(b['us'] if b else float('nan')):11.2f}  {b['config'] if b else '-'}  ({len(sk)} ok of "
           f"{sum(r['config']['variant'] == 'mma_sk' for r in rs)})")
 PY
-    ab_run splitk 150 --var K3FUSE_GEMV_SPLITK=0,1 --kinds kda,mla --tp 16 --ms 64,32 --pairs 6
     tar czf "$OUT/logs_s24.tgz" -C "$L" .
+elif [ "$part" = s24b ]; then     # the split-K GEMM in the layer (its defaults, K3FUSE_GEMV_SPLITK), TP16 and TP8
+    ab_run splitk 200 --var K3FUSE_GEMV_SPLITK=0,1 --kinds kda,mla --tp 16 --ms 64,32 --pairs 6
+    ab_run splitk_tp8 200 --var K3FUSE_GEMV_SPLITK=0,1 --kinds kda,mla --tp 8 --ms 64 --pairs 6
+    tar czf "$OUT/logs_s24b.tgz" -C "$L" .
 elif [ "$part" = s18 ]; then      # issue 5's M = 64 rows with the defaults as they land: TP16 and TP8, every backend
     for tp in 16 8; do
         timeout $((tp == 16 ? 150 : 200)) python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 64 --top 16 \
@@ -586,6 +590,6 @@ elif [ "$part" = s13t ]; then     # end to end, then the README table (TP16 M = 
     e2e_and_table 150 400
     tar czf "$OUT/logs_s13t.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t, s18u, s19, s20, s21, s22, s23, s24)" >&2
+    echo "unknown part '$part' (tests, table, fusions, s8c5, pending, pending_layer, router, s9final, topk_in_group, s10, s11, s11t, s12, s12m, s12t, s12h, s12k, s12r, s13, s13b, s13t, s13g, s13u, s14, s14g, s14t, s14e, ab, s15, s15b, s15c, s15d, s16, s16b, s16c, s16d, s17, s17b, s18, s18m, s18t, s18u, s19, s20, s21, s22, s23, s24, s24b)" >&2
     exit 2
 fi
