@@ -76,8 +76,8 @@ def sk_supports(N: int, K: int, bucket: int, cfg: dict) -> Optional[str]:
         return f"N={N} not a multiple of 16"
     if SUB not in SK_SUBS or K % (KS * SUB):
         return f"K={K} not a multiple of KS * SUB = {KS} * {SUB} (SUB one of {SK_SUBS})"
-    if not 1 <= WN <= 16:
-        return f"WN={WN} outside 1..16 warps"
+    if not 1 <= WN <= 8:
+        return f"WN={WN} outside 1..8 warps (the split sums reuse the x buffer: 16 WN <= SUB + 32)"
     if cfg.get("PF", 0) not in (0, 1):
         return f"PF must be 0 or 1, not {cfg['PF']!r}"
     return None
@@ -104,7 +104,8 @@ SK_KC_MAX = 512   # the default's k per CTA (a first guess, not measured; PERF_N
 
 def sk_default(N: int, K: int, bucket: int) -> Optional[dict]:
     """The split-K config used where nothing is tabled (K3FUSE_GEMV_SPLITK=1). 4 warps (64 rows per CTA), so that
-    several CTAs fit on an SM and overlap each other's load latency (register count not yet known). The fewest
+    several CTAs fit on an SM and overlap each other's load latency (168 registers at bucket 64: 3 CTAs; ptxas,
+    tests/test_codegen_compile.py). The fewest
     splits that leave each CTA at most SK_KC_MAX k: a CTA runs its sub-chunks one after another (load, barrier,
     MMAs, barrier), so a long K slice is a long chain of exposed latencies."""
     WN = 4 if N >= 64 else max(1, N // 16)

@@ -569,8 +569,9 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
             mem = [m.start() for m in re.finditer(r"\b(?:ld|st)\.global", entry)]
             assert wait >= 0 and (not mem or wait < min(mem)), name
             if name.startswith("gemv"):     # the late trigger: after every weight / x load of the main loop
-                # (the split-K tail's fp32 partial loads come after it: the next grid waits for this one anyway)
-                last = entry.rfind("ld.global.v4" if name == "gemv_mma_sk" else "ld.global")
+                # (the split-K tail's partial loads, after its arrival, come after it: the next grid waits anyway)
+                tail = entry.find("atom.global") if name == "gemv_mma_sk" else -1
+                last = entry.rfind("ld.global", 0, tail if tail >= 0 else len(entry))
                 assert last < entry.find("griddepcontrol.launch_dependents"), name
 
 
@@ -582,7 +583,8 @@ SK_CASES = [(7168, 3584, 64, 8, 4, 0), (768, 7168, 32, 8, 28, 1), (7168, 384, 16
 @pytest.mark.parametrize("N,K,b,WN,KS,PF", SK_CASES)
 def test_gemv_splitk_compiles(arch, N, K, b, WN, KS, PF):
     """Per sub-chunk: U = SUB / 32 k-steps x NT n-tiles x 2 m16n8k16 MMAs, one 16-byte shared load per (k-step,
-    n-tile), weights and x as 16-byte global loads (the split partials, fp32, as scalars in the last CTA's sum);
+    n-tile); weights, x and (in the last CTA's sums) the fp32 partials as 16-byte global loads, y then in 16-byte
+    stores;
     the arrival counter only with KS > 1; the slice's L2 bulk prefetch (before the PDL wait) only with PF = 1; no
     local memory."""
     cfg = gemv.sk_config(N, K, b, WN, KS, PF)
@@ -591,15 +593,34 @@ def test_gemv_splitk_compiles(arch, N, K, b, WN, KS, PF):
     ptx = ptx_of(k)
     U, NT = cfg["SUB"] // 32, b // 8
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", ptx)) == U * NT * 2
-    assert len(re.findall(r"ld\.shared\.v4\.b32", ptx)) == U * NT
+    BN = 16 * WN
+    tail = -(-b * (BN // 8) // (32 * WN)) if KS > 1 else 0     # the split sums' y stores, out of shared memory
+    assert len(re.findall(r"ld\.shared\.v4\.b32", ptx)) == U * NT + tail
     loads = global_loads(ptx)
-    assert {l for l in loads if not is_128bit(l)} <= ({"ld.global.b32", "ld.global.f32"} if KS > 1 else set()), loads
+    assert loads and all(is_128bit(l) for l in loads), loads     # weights, x, and the fp32 partials (4 per load)
+    assert ("st.global.v4.b32" in ptx) == (KS > 1)
     assert bool(re.search(r"atom\.global\.acq_rel(\.gpu)?\.add", ptx)) == (KS > 1)   # no scope: .gpu (PTX's default)
     assert ("fence.acq_rel.gpu" in ptx) == (KS > 1)
     # the weight slice's L2 prefetch, ahead of the PDL wait (the chain is on by default)
     assert ("cp.async.bulk.prefetch.L2" in ptx) == bool(PF)
     assert ptx.find("cp.async.bulk.prefetch.L2") < ptx.find("griddepcontrol.wait")
     assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+@pytest.mark.parametrize("N,K,b,WN,KS", [(7168, 3584, 64, 4, 7), (768, 7168, 64, 8, 56), (7168, 384, 32, 4, 1)])
+def test_gemv_splitk_no_spills(N, K, b, WN, KS, tmp_path, capfd):
+    """ptxas remarks (sm_90a): no spills, also with 56 splits (the last CTA holds KS x 4 fp32 partials per thread);
+    the default at bucket 64 (4 warps) within 168 registers, so that 3 CTAs fit on an SM (65536 registers)."""
+    import cutlass.cute as cute
+    cfg = gemv.sk_config(N, K, b, WN, KS)
+    mod = kcompile._import_source(gemv.render_source(N, K, b, cfg)[1], f"sk_spills_{N}_{K}_{b}_{KS}", tmp_path)
+    capfd.readouterr()
+    cute.compile(mod.ENTRY, *mod.fake_args(), options="--gpu-arch sm_90a --enable-tvm-ffi remarks{ptx}")
+    out = "".join(capfd.readouterr())
+    regs = [int(x) for x in re.findall(r"Used (\d+) registers", out)]
+    assert len(regs) == 1 and "0 bytes spill stores, 0 bytes spill loads" in out, out[-2000:]
+    if cfg == gemv.sk_default(N, K, b):
+        assert regs[0] <= 168, regs
 
 
 def test_gemv_splitk_configs_and_route(monkeypatch):
