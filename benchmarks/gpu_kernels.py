@@ -12,7 +12,6 @@ log under --out; prints a short table last.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import math
 import os
@@ -139,7 +138,8 @@ def rel_err(out, ref):
 
 
 def gemv_err(k, M, N, K, trials=2):
-    """Worst rel err of a compiled GEMV kernel k(x, w, y) over fresh random inputs, output NaN-poisoned each time."""
+    """Worst rel err of a GEMV launch k(x, w, y) (a compiled kernel or a launcher) over fresh random inputs, output
+    NaN-poisoned each time."""
     errs = []
     for _ in range(trials):
         xt = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
@@ -176,9 +176,9 @@ def bench_gemv(shapes, ms, tune_ms, copy_bw, results):
                            floor_us=floor_us, cublas_us=t_cublas, tabled=cfg == tabled,
                            routed=gemv.route(N, K, M)[0] is not None)
                 try:
-                    gemv.build(N, K, b, cfg)
-                    # through gemv.linear: the split-K variant takes its workspace and counters there
-                    run = functools.partial(lambda c, xx, ww, yy: gemv.linear(xx, ww, c, out=yy), cfg)
+                    # through gemv.linear (builds it): the split-K variant takes its workspace and counters there
+                    def run(xx, ww, yy, c=cfg):
+                        gemv.linear(xx, ww, c, out=yy)
                     err = gemv_err(run, M, N, K)
                     t, (tmin, tmax) = graph_time(lambda i: run(x, ws[i % nrot], y))
                     row.update(err=err, us=t, us_min=tmin, us_max=tmax, pct_copy=floor_us / t * 100,

@@ -176,7 +176,7 @@ def _wins_everywhere(res, name, tp, M):
 
 
 def write_table(res):
-    from k3fuse.codegen import tuning
+    from k3fuse.codegen import moe_experts, tuning
     from k3fuse.codegen.buckets import bucket_for
     path = tuning.TABLE_DIR / f"{tuning.gpu_slug(res['gpu'])}.json"
     table = json.loads(path.read_text()) if path.is_file() else {"gpu": res["gpu"], "entries": {}}
@@ -188,8 +188,7 @@ def write_table(res):
             continue
         key = f"moe_experts:{E}x{I_TP[tp]}x{D}x{KT}"
         old = table["entries"].get(key, {}).get(str(bucket_for(M))) or {}
-        # the up / down kernels' variants (measured in the layer: codegen/moe_experts.up_mma, down_mma) are not knobs here
-        keep = {k: old[k] for k in ("UPMMA", "DOWNMMA", "DCTAS") if k in old}
+        keep = {k: old[k] for k in moe_experts.VARIANT_KEYS if k in old}     # measured in the layer, not swept here
         table["entries"].setdefault(key, {})[str(bucket_for(M))] = dict(
             r["best"], kernel_us=r["best_us"], default_us=r["default_us"], **keep)
         n += 1

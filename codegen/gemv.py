@@ -67,7 +67,7 @@ SK_SUBS = (256, 128)   # k per shared-memory sub-chunk: BM x (SUB + 32) bf16 <= 
 
 def sk_supports(N: int, K: int, bucket: int, cfg: dict) -> Optional[str]:
     """None if the split-K variant (templates/gemv_mma_sk.py.jinja) takes this config, else why not."""
-    WN, KS, SUB = cfg.get("WN", 8), cfg.get("KS", 1), cfg.get("SUB", 256)
+    WN, KS, SUB = cfg["WN"], cfg["KS"], cfg["SUB"]
     if bucket < SK_MIN_BUCKET:
         return f"mma_sk needs bucket >= {SK_MIN_BUCKET} (not {bucket})"
     if cfg.get("pdl"):

@@ -99,14 +99,24 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
         cfg.setdefault("KS", default_ks(KT, bucket))
         if set(cfg) != set(KNOBS) or supports(E, I, D, KT, bucket, cfg) is not None:
             cfg = default_config(E, I, D, KT, bucket)    # an entry with the up variant alone, or an unusable one
-        for v in ("UPMMA", "DOWNMMA", "DCTAS"):      # the up / down kernels' variants where measured (up_mma, down_mma)
-            if v in t:
-                cfg[v] = int(t[v])
+        cfg.update({v: int(t[v]) for v in VARIANT_KEYS if v in t})
         return cfg
     return default_config(E, I, D, KT, bucket)
 
 
 UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the ids scan before it exits)
+
+# table keys beside the knobs: the up / down kernels' variants where measured in the layer (up_mma, down_mma), not
+# knobs of moe_sweep (which keeps them when it rewrites an entry)
+VARIANT_KEYS = ("UPMMA", "DOWNMMA", "DCTAS")
+
+
+def _variant_on(var: str, tabled: Optional[int], bucket: int, min_bucket: int) -> bool:
+    """A kernel variant's switch: the variable var = 0 / 1 if set, else the GPU table's entry, else from min_bucket."""
+    env = os.environ.get(var, "")
+    if env in ("0", "1"):
+        return env == "1"
+    return bool(tabled) if tabled is not None else bucket >= min_bucket
 
 
 UP_MMA_MIN_BUCKET = 16   # heuristic where the GPU's table says nothing: the tensor-core up kernel from this bucket
@@ -126,12 +136,7 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
     Read at render time (build's memo keys on the variable). Returns the template's UPMMA, UW (warps along K), UU
     (k-steps per load group), NTG (n-tiles of 8 members per pass) and the kernel's own CPC (column blocks of 16 per
     CTA)."""
-    env = os.environ.get("K3FUSE_MOE_UP_MMA", "")
-    if env in ("0", "1"):
-        on = env == "1"
-    else:
-        on = bool(tabled) if tabled is not None else bucket >= UP_MMA_MIN_BUCKET
-    if not on or not group or I % 16:                # group: a grouped bucket (> 1)
+    if not _variant_on("K3FUSE_MOE_UP_MMA", tabled, bucket, UP_MMA_MIN_BUCKET) or not group or I % 16:                # group: a grouped bucket (> 1)
         return None
     nv = D // 8
     UU = 2
@@ -165,12 +170,7 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     UD = 6 or 12 (fewer, larger load groups) was slower everywhere (TP16 M = 64 +8.7, TP8 M = 64 +41.5 / +215.7).
     Read at render time (build's memo keys on the variable). Returns the template's DOWNMMA, RPC, UD (k-steps per
     load group), DNTG."""
-    env = os.environ.get("K3FUSE_MOE_DOWN_MMA", "")
-    if env in ("0", "1"):
-        on = env == "1"
-    else:
-        on = bool(tabled) if tabled is not None else bucket >= DOWN_MMA_MIN_BUCKET
-    if not on or not group:                          # group: a grouped bucket (> 1)
+    if not _variant_on("K3FUSE_MOE_DOWN_MMA", tabled, bucket, DOWN_MMA_MIN_BUCKET) or not group:
         return None
     nvi, nd = I // 8, D // 128
     ud = _env_int("K3FUSE_MOE_DOWN_UD", 3)           # k-steps per load group (an A/B knob, session 18)

@@ -186,9 +186,9 @@ def test_tuning_table_entries_render():
                         kc.setdefault("SB", moe_experts.default_sb(KT, I, kc["LPR"], kc["RT"]))  # knobs added later
                         kc.setdefault("KS", moe_experts.default_ks(KT, int(b)))
                     else:                         # an entry holding the up / down kernels' variants alone
-                        assert set(cfg) <= {"UPMMA", "DOWNMMA", "DCTAS", "why"}, (key, b)
+                        assert set(cfg) <= {*moe_experts.VARIANT_KEYS, "why"}, (key, b)
                         kc = moe_experts.default_config(E, I, D, KT, int(b))
-                    kc.update({v: cfg[v] for v in ("UPMMA", "DOWNMMA", "DCTAS") if v in cfg})
+                    kc.update({v: cfg[v] for v in moe_experts.VARIANT_KEYS if v in cfg})
                     assert moe_experts.config_for(E, I, D, KT, int(b), gpu=p.stem) == kc, (key, b)  # taken as is
                     compile(moe_experts.render_source(E, I, D, KT, int(b), cfg=kc)[0], key, "exec")
                     n_moe += 1

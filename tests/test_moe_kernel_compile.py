@@ -78,6 +78,22 @@ def test_compiles(arch, tp, b, monkeypatch):
     assert me.build(E, I, D, KT, b, arch=arch, load=False) is k  # memoised
 
 
+def _renders_where_on(monkeypatch, var, markers, min_bucket, I, b):
+    """A kernel variant's switch var (no GPU table here): =1 renders the variant (its kernels' markers) at bucket b,
+    =0 the default source without them, unset the variant from min_bucket; bucket 1 (ungrouped) never changes.
+    Leaves var = 1."""
+    monkeypatch.setenv(var, "0")
+    plain, plain1 = me.render_source(E, I, D, KT, b)[0], me.render_source(E, I, D, KT, 1)[0]
+    monkeypatch.setenv(var, "1")
+    src = me.render_source(E, I, D, KT, b)[0]
+    assert all(m in src for m in markers) and markers[0] not in plain
+    assert me.render_source(E, I, D, KT, 1)[0] == plain1
+    monkeypatch.delenv(var)
+    assert me.render_source(E, I, D, KT, b)[0] == (src if b >= min_bucket else plain)
+    assert me.render_source(E, I, D, KT, 1)[0] == plain1
+    monkeypatch.setenv(var, "1")
+
+
 @pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_90a", 8, 8), ("sm_100a", 16, 16), ("sm_100a", 8, 2)])
 def test_up_mma_compiles(arch, tp, b, monkeypatch):
     """The grouped up kernel on tensor cores (the default from bucket UP_MMA_MIN_BUCKET; K3FUSE_MOE_UP_MMA=1 at every
@@ -86,16 +102,7 @@ def test_up_mma_compiles(arch, tp, b, monkeypatch):
     takes it."""
     I = I_TP[tp]
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")          # the up kernel's MMAs alone
-    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")
-    plain, plain1 = me.render_source(E, I, D, KT, b)[0], me.render_source(E, I, D, KT, 1)[0]
-    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
-    src = me.render_source(E, I, D, KT, b)[0]
-    assert "up_mma_kernel(mZ" in src and "up_mma_kernel(mZ" not in plain
-    assert me.render_source(E, I, D, KT, 1)[0] == plain1
-    monkeypatch.delenv("K3FUSE_MOE_UP_MMA")
-    assert me.render_source(E, I, D, KT, b)[0] == (src if b >= me.UP_MMA_MIN_BUCKET else plain)
-    assert me.render_source(E, I, D, KT, 1)[0] == plain1
-    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    _renders_where_on(monkeypatch, "K3FUSE_MOE_UP_MMA", ("up_mma_kernel(mZ",), me.UP_MMA_MIN_BUCKET, I, b)
     p = me.up_mma(I, D, KT, b, True)
     assert p["NTG"] == (2 if b >= 16 else 1) and (D // 8) % (4 * p["UU"] * p["UW"]) == 0
     assert b * KT * (I // 16) // p["CPC"] <= me.UP_CTAS and (I // 16) % p["CPC"] == 0
@@ -137,16 +144,8 @@ def test_down_mma_compiles(arch, tp, b, monkeypatch):
     MMAs per load group, 128-bit y stores and loads, no local memory; bucket 1 never takes it."""
     I = I_TP[tp]
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")           # the down kernel's MMAs alone
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
-    plain, plain1 = me.render_source(E, I, D, KT, b)[0], me.render_source(E, I, D, KT, 1)[0]
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
-    src = me.render_source(E, I, D, KT, b)[0]
-    assert "down_mma_kernel(mA" in src and "combine_kernel(mY" in src and "down_mma_kernel(mA" not in plain
-    assert me.render_source(E, I, D, KT, 1)[0] == plain1
-    monkeypatch.delenv("K3FUSE_MOE_DOWN_MMA")
-    assert me.render_source(E, I, D, KT, b)[0] == (src if b >= me.DOWN_MMA_MIN_BUCKET else plain)
-    assert me.render_source(E, I, D, KT, 1)[0] == plain1
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    _renders_where_on(monkeypatch, "K3FUSE_MOE_DOWN_MMA", ("down_mma_kernel(mA", "combine_kernel(mY"),
+                      me.DOWN_MMA_MIN_BUCKET, I, b)
     p = me.down_mma(I, D, KT, b, True)
     nd = D // 128
     assert nd % p["RPC"] == 0 and (b * KT * nd // p["RPC"] <= me.UP_CTAS or p["RPC"] == nd)
