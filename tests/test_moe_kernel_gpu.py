@@ -11,6 +11,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("cutlass")
 
 from _check import rel  # noqa: E402
+from k3fuse.codegen.buckets import bucket_for  # noqa: E402
 
 E, D, KT = 896, 3584, 16
 I_TP = {16: 192, 8: 384}
@@ -138,7 +139,7 @@ def test_moe_up_mma_matches_reference(experts, M, monkeypatch):
     outs, scr = [], []
     for on in ("0", "1"):
         monkeypatch.setenv("K3FUSE_MOE_UP_MMA", on)
-        assert ("up_mma_kernel(mZ" in me.render_source(E, I, D, KT, M)[0]) == (on == "1")
+        assert ("up_mma_kernel(mZ" in me.render_source(E, I, D, KT, bucket_for(M))[0]) == (on == "1")
         out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
         a = torch.full((M, KT, I), float("nan"), device="cuda", dtype=torch.bfloat16)
         me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out, scratch=a)
@@ -163,7 +164,7 @@ def test_moe_down_mma_matches_reference(experts, M, monkeypatch):
     outs = []
     for on in ("0", "1"):
         monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", on)
-        assert ("down_mma_kernel(mA" in me.render_source(E, I, D, KT, M)[0]) == (on == "1")
+        assert ("down_mma_kernel(mA" in me.render_source(E, I, D, KT, bucket_for(M))[0]) == (on == "1")
         out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
         me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out)
         torch.cuda.synchronize()
