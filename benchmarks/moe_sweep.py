@@ -5,6 +5,12 @@ far beyond L2, so reads come from HBM).
 
     python3 benchmarks/moe_sweep.py --out DIR [--tp 16,8] [--ms 8,64]
 
+Each timed launch takes the next of --rotate relabelings of the routing (the same token -> slot structure, the expert
+ids through a fresh random permutation of the E experts), so that consecutive launches read different experts'
+weights: at M = 1 one launch's chosen experts are 132 MB (TP8), and replaying one fixed routing let part of them
+stay in L2, which made configs with few bytes in flight look as fast as at HBM speed (session 19: the TP8 M = 1
+down kernel took 30 us in the layer against ~18 us implied here).
+
 Every candidate is timed on each routing of --routing (uniform: a load-balanced router; model: the peaked random-init
 router of layer_bench.py) and the descent minimises the sum: a config tuned on one routing alone lost 40% on the
 other (benchmarks/RESULTS.md, session 3). Writes moe_sweep.json (every trial, the best config per shape x bucket,
@@ -57,6 +63,18 @@ def routing(kind: str, M: int):
     return ids.contiguous(), w.float().contiguous()
 
 
+def relabel(ids, n: int, seed: int = 0):
+    """[ids] + n - 1 copies with the expert ids mapped through random permutations of the E experts: the same routing
+    structure (tokens per expert, slots per token), other experts, so that launches cycling over them read weights
+    that the previous launch did not leave in L2."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    out = [ids]
+    for _ in range(n - 1):
+        perm = torch.randperm(E, generator=g).to(ids.device)
+        out.append(perm[ids].contiguous())
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -69,6 +87,9 @@ def main():
                          "only where the best is no slower than the default on every routing")
     ap.add_argument("--from-table", action="store_true",
                     help="start from the config the layer runs (the tuning table's, else the heuristic default)")
+    ap.add_argument("--rotate", type=int, default=8,
+                    help="relabelings of each routing cycled over the timed launches (1: one fixed routing, as before "
+                         "session 19)")
     ap.add_argument("--knobs", default="", help="only these knobs (comma list), e.g. SB for an A/B of one knob")
     ap.add_argument("--from-json", help="no GPU: take the results of an earlier run's moe_sweep.json (with "
                                         "--write-table: write its winners)")
@@ -86,7 +107,7 @@ def main():
     t_start = time.time()
     bw = copy_bandwidth()
     res = dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), copy_TBps=round(bw / 1e12, 3),
-               trials=[], best={}, entries={})
+               rotate=args.rotate, trials=[], best={}, entries={})
     for tp in map(int, args.tp.split(",")):
         I = I_TP[tp]
         g = torch.Generator(device="cuda").manual_seed(tp)
@@ -97,6 +118,7 @@ def main():
             torch.manual_seed(M)
             z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
             cases = {r: routing(r, M) for r in args.routing.split(",")}
+            rotations = {r: relabel(ids, args.rotate, seed=M) for r, (ids, _) in cases.items()}
             refs = {r: torch.cat([ops.moe_experts._init_fn(z[i:i + 8], ids[i:i + 8], w[i:i + 8], w13, w2, BETA,
                                                            LBETA) for i in range(0, M, 8)])
                     for r, (ids, w) in cases.items()}
@@ -126,8 +148,9 @@ def main():
                         row[f"rel_err_{r}"] = rel_err(out, refs[r].double())
                         if not row[f"rel_err_{r}"] < 1e-2:
                             raise AssertionError(f"{r} routing: rel err {row[f'rel_err_{r}']}")
+                        rot = rotations[r]
                         row[f"us_{r}"] = round(graph_time(
-                            lambda i: me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, cfg, out=out,
+                            lambda i: me.moe_experts(z, rot[i % len(rot)], w, w13, w2, BETA, LBETA, cfg, out=out,
                                                      scratch=scratch), 10, 7)[0], 1)
                         total += row[f"us_{r}"]
                     row["us"] = round(total, 1)

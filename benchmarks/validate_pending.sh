@@ -33,6 +33,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s22            # e2e M = 64; TP8 rows with the table's DCTAS; moe tests
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s23            # the down's A/B at TP16 bucket 32, TP8 16 and 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s25            # M = 1 per-kernel ledger, TP8 / TP16, with and without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24b           # the split-K GEMM in the layer (layer_ab, TP16 and TP8)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s17b           # session 16's MoE variants (since removed: slower, session 17)
@@ -535,6 +537,35 @@ for key in sorted({(r["N"], r["K"], r["M"]) for r in rows}):
           f"{sum(r['config']['variant'] == 'mma_sk' for r in rs)})")
 PY
     tar czf "$OUT/logs_s24.tgz" -C "$L" .
+elif [ "$part" = s25 ]; then      # M = 1 per-kernel ledger: TP8 and TP16 profiles with and without the PDL chain (k3fuse only)
+    for tp in 8 16; do
+        for pdl in 1 0; do
+            K3FUSE_PDL_CHAIN=$pdl timeout 150 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 1 \
+                --skip eager,inductor --top 20 --tag _m1_tp${tp}_pdl$pdl > "$L/lb_m1_tp${tp}_pdl$pdl.txt" 2>&1
+            echo "layer TP$tp M=1 PDL_CHAIN=$pdl rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_tp${tp}_pdl$pdl.txt" | tee -a "$S"
+            cp "$L"/layer_bench_m1_tp${tp}_pdl$pdl.json "$OUT/" 2>/dev/null
+        done
+    done
+    # the TP8 M = 1 routed experts alone, the down's knobs from the table's config (up + down per routing)
+    timeout 120 python3 benchmarks/moe_sweep.py --out "$L" --tp 8 --ms 1 --from-table --knobs KS,LPR,WD --budget-s 80 \
+        > "$L/moe_tp8_m1.txt" 2>&1
+    echo "moe_sweep TP8 M=1 KS,LPR,WD rc=$?" | tee -a "$S"; tail -25 "$L/moe_tp8_m1.txt" | tee -a "$S"
+    tar czf "$OUT/logs_s25.tgz" -C "$L" .
+elif [ "$part" = s26 ]; then      # the M = 1 routed-expert configs re-tuned with rotated routings (moe_sweep --rotate 8), then in the layer
+    for tp in 8 16; do
+        mkdir -p "$L/sweep_tp$tp"
+        timeout $((tp == 8 ? 170 : 110)) python3 benchmarks/moe_sweep.py --out "$L/sweep_tp$tp" --tp $tp --ms 1 --from-table \
+            --knobs KS,SB,LPR,WD,RT,R,W --budget-s $((tp == 8 ? 140 : 80)) --write-table > "$L/moe_tp${tp}_m1_rot.txt" 2>&1
+        echo "moe_sweep TP$tp M=1 rotated rc=$?" | tee -a "$S"; sed -n '/^shape/,$p' "$L/moe_tp${tp}_m1_rot.txt" | tee -a "$S"
+        cp "$L/sweep_tp$tp/moe_sweep.json" "$OUT/moe_sweep_tp${tp}_m1_rot.json" 2>/dev/null
+    done
+    cp codegen/tuning/nvidia_h200.json "$OUT/"
+    # the old table configs (A) against the re-tuned table (B), in the layer
+    ab_run moecfg_tp8 150 --var K3FUSE_MOE_CONFIG=CPC=1:G=1:GROUP=0:KS=1:LPR=4:R=2:RT=1:SB=1:W=7:WD=4,table \
+        --kinds kda,mla --tp 8 --ms 1 --pairs 16
+    ab_run moecfg_tp16 150 --var K3FUSE_MOE_CONFIG=CPC=1:G=1:GROUP=0:KS=4:LPR=8:R=2:RT=1:SB=4:W=7:WD=2,table \
+        --kinds kda,mla --tp 16 --ms 1 --pairs 16
+    tar czf "$OUT/logs_s26.tgz" -C "$L" .
 elif [ "$part" = s24b ]; then     # the split-K GEMM in the layer (its defaults, K3FUSE_GEMV_SPLITK), TP16 and TP8
     ab_run splitk 200 --var K3FUSE_GEMV_SPLITK=0,1 --kinds kda,mla --tp 16 --ms 64,32 --pairs 6
     ab_run splitk_tp8 200 --var K3FUSE_GEMV_SPLITK=0,1 --kinds kda,mla --tp 8 --ms 64 --pairs 6

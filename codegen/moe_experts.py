@@ -85,7 +85,31 @@ def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] 
     benchmarks/moe_sweep.py) where there is one the kernels take, else the heuristic default. Memoised: the launch
     path asks on every call (through supports())."""
     from .tuning import current_gpu
-    return dict(_config_for(E, I, D, KT, bucket, gpu if gpu is not None else current_gpu()))
+    cfg = dict(_config_for(E, I, D, KT, bucket, gpu if gpu is not None else current_gpu()))
+    over = config_override()
+    if over:
+        cfg.update(over)
+        why = supports(E, I, D, KT, bucket, cfg)
+        if why is not None:
+            raise ValueError(f"K3FUSE_MOE_CONFIG={os.environ['K3FUSE_MOE_CONFIG']!r} at {E}x{I}x{D}x{KT} bucket "
+                             f"{bucket}: {why}")
+    return cfg
+
+
+def config_override() -> dict:
+    """Knob values from K3FUSE_MOE_CONFIG ("KS=2:SB=2"; "" or "table": none) laid over the table's config at every
+    shape and bucket: how benchmarks/layer_ab.py A/Bs a config in the layer (session 19: the M = 1 configs re-tuned
+    with rotated routings)."""
+    v = os.environ.get("K3FUSE_MOE_CONFIG", "")
+    if v in ("", "table"):
+        return {}
+    out = {}
+    for item in v.split(":"):
+        k, eq, val = item.partition("=")
+        if not eq or k not in KNOBS or not val.lstrip("-").isdigit():
+            raise ValueError(f"K3FUSE_MOE_CONFIG={v!r}: wants KNOB=INT items joined by ':', knobs {KNOBS}")
+        out[k] = int(val)
+    return out
 
 
 @functools.lru_cache(maxsize=None)

@@ -202,6 +202,26 @@ def test_down_mma_knobs_say_what_is_wrong(monkeypatch):
     assert me.down_mma(192, D, KT, 64, True)["UD"] == 6
 
 
+def test_config_override_lays_knobs_over_the_table(monkeypatch):
+    """K3FUSE_MOE_CONFIG (layer_ab's way to A/B a config): its knobs replace the table's, the rest and the variant
+    keys stay; "table" means none; an unknown knob, a non-integer or an unsupported config is an error naming it."""
+    table = me.config_for(E, 384, D, KT, 1, gpu="nvidia_h200")
+    ks = 4 if table["KS"] == 2 else 2
+    monkeypatch.setenv("K3FUSE_MOE_CONFIG", f"KS={ks}:SB=1")
+    got = me.config_for(E, 384, D, KT, 1, gpu="nvidia_h200")
+    assert got == dict(table, KS=ks, SB=1) and got["KS"] != table["KS"]
+    assert me.config_for(E, 192, D, KT, 64, gpu="nvidia_h200")["UPMMA"] == 1      # variant keys kept
+    monkeypatch.setenv("K3FUSE_MOE_CONFIG", "table")
+    assert me.config_for(E, 384, D, KT, 1, gpu="nvidia_h200") == table
+    for bad in ("KS", "XX=1", "KS=two", "KS=2,SB=1"):
+        monkeypatch.setenv("K3FUSE_MOE_CONFIG", bad)
+        with pytest.raises(ValueError, match="K3FUSE_MOE_CONFIG"):
+            me.config_for(E, 384, D, KT, 1, gpu="nvidia_h200")
+    monkeypatch.setenv("K3FUSE_MOE_CONFIG", "KS=3")                 # 16 slots do not split into 3 groups
+    with pytest.raises(ValueError, match="K3FUSE_MOE_CONFIG='KS=3'"):
+        me.config_for(E, 384, D, KT, 1, gpu="nvidia_h200")
+
+
 def test_fallback_on_cpu_logs_once(caplog):
     from k3fuse import ops
     from k3fuse.codegen import registry
