@@ -34,6 +34,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s23            # the down's A/B at TP16 bucket 32, TP8 16 and 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   TPS=8 bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26b     # then the M = 1 rows, every backend
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s25            # M = 1 per-kernel ledger, TP8 / TP16, with and without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24b           # the split-K GEMM in the layer (layer_ab, TP16 and TP8)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s18            # M = 64 rows at TP16 and TP8, every backend; profiles without the PDL chain
@@ -566,6 +568,33 @@ elif [ "$part" = s26 ]; then      # the M = 1 routed-expert configs re-tuned wit
     ab_run moecfg_tp16 150 --var K3FUSE_MOE_CONFIG=CPC=1:G=1:GROUP=0:KS=4:LPR=8:R=2:RT=1:SB=4:W=7:WD=2,table \
         --kinds kda,mla --tp 16 --ms 1 --pairs 16
     tar czf "$OUT/logs_s26.tgz" -C "$L" .
+elif [ "$part" = s27 ]; then      # TP8 M = 1 routed down: more slots in flight, A/B'd in the layer (not in moe_sweep: there KS = 1 wins)
+    for b in KS=4 SB=2 KS=2:SB=2; do
+        ab_run tp8_${b//[:=]/_} 110 --var K3FUSE_MOE_CONFIG=table,$b --kinds kda --tp 8 --ms 1 --pairs 12
+    done
+    best=$(python3 - "$L" <<'PY'
+import glob, json, sys
+rows = [r for f in glob.glob(sys.argv[1] + "/layer_ab_tp8_*.json") for r in json.load(open(f))]
+ok = [r for r in rows if r["diff_us"] < -1.0 and r["b_faster"] >= 10]
+print(min(ok, key=lambda r: r["diff_us"])["B"] if ok else "")
+PY
+)
+    echo "best K3FUSE_MOE_CONFIG at TP8 M=1: '${best}'" | tee -a "$S"
+    if [ -n "$best" ]; then
+        K3FUSE_MOE_CONFIG=$best timeout 250 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1 \
+            --top 16 --tag _m1_tp8 > "$L/lb_m1_tp8.txt" 2>&1
+        echo "layer TP8 M=1 (K3FUSE_MOE_CONFIG=$best) rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_tp8.txt" | tee -a "$S"
+        cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
+    fi
+    tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s26b ]; then     # issue 5's M = 1 rows with the re-tuned MoE configs (carry the table s26 wrote), every backend
+    for tp in ${TPS:-8 16}; do
+        timeout 280 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 1 --top 16 \
+            --tag _m1_tp$tp > "$L/lb_m1_tp$tp.txt" 2>&1
+        echo "layer TP$tp M=1 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_tp$tp.txt" | tee -a "$S"
+        cp "$L"/layer_bench_m1_tp$tp.json "$L"/layer_bench_m1_tp$tp.png "$OUT/" 2>/dev/null
+    done
+    tar czf "$OUT/logs_s26b.tgz" -C "$L" .
 elif [ "$part" = s24b ]; then     # the split-K GEMM in the layer (its defaults, K3FUSE_GEMV_SPLITK), TP16 and TP8
     ab_run splitk 200 --var K3FUSE_GEMV_SPLITK=0,1 --kinds kda,mla --tp 16 --ms 64,32 --pairs 6
     ab_run splitk_tp8 200 --var K3FUSE_GEMV_SPLITK=0,1 --kinds kda,mla --tp 8 --ms 64 --pairs 6
