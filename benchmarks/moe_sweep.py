@@ -211,7 +211,8 @@ def write_table(res):
             continue
         key = f"moe_experts:{E}x{I_TP[tp]}x{D}x{KT}"
         old = table["entries"].get(key, {}).get(str(bucket_for(M))) or {}
-        keep = {k: old[k] for k in moe_experts.VARIANT_KEYS if k in old}     # measured in the layer, not swept here
+        keep = {k: old[k] for k in moe_experts.VARIANT_KEYS + (moe_experts.LAYER_KEY,) if k in old}   # measured in
+        # the layer, not swept here (LAYER_KEY's knobs override the sweep's: session 19)
         table["entries"].setdefault(key, {})[str(bucket_for(M))] = dict(
             r["best"], kernel_us=r["best_us"], default_us=r["default_us"], **keep)
         n += 1

@@ -587,6 +587,10 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s27b ]; then     # s27's KS = 4 at TP8 M = 1 again: both kinds, and 16 layers per graph
+    ab_run tp8_ks4_both 150 --var K3FUSE_MOE_CONFIG=table,KS=4 --kinds kda,mla --tp 8 --ms 1 --pairs 12
+    ab_run tp8_ks4_g8 120 --var K3FUSE_MOE_CONFIG=table,KS=4 --kinds kda --tp 8 --ms 1 --pairs 10 --graph-rounds 8
+    tar czf "$OUT/logs_s27b.tgz" -C "$L" .
 elif [ "$part" = s26b ]; then     # issue 5's M = 1 rows with the re-tuned MoE configs (carry the table s26 wrote), every backend
     for tp in ${TPS:-8 16}; do
         timeout 280 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 1 --top 16 \

@@ -82,7 +82,8 @@ KNOBS = ("R", "W", "G", "GROUP", "WD", "LPR", "RT", "CPC", "SB", "KS")
 
 def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] = None) -> dict:
     """The tuned config of this GPU's table (codegen/tuning/<gpu>.json, "moe_experts:ExIxDxk", measured by
-    benchmarks/moe_sweep.py) where there is one the kernels take, else the heuristic default. Memoised: the launch
+    benchmarks/moe_sweep.py) where there is one the kernels take, else the heuristic default. An entry's LAYER_KEY
+    knobs (A/B'd in the layer) override the sweep's; K3FUSE_MOE_CONFIG (config_override) overrides both. Memoised: the launch
     path asks on every call (through supports())."""
     from .tuning import current_gpu
     cfg = dict(_config_for(E, I, D, KT, bucket, gpu if gpu is not None else current_gpu()))
@@ -121,6 +122,7 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
         if "LPR" in cfg and "RT" in cfg:             # entries written before the knobs existed
             cfg.setdefault("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"]))
         cfg.setdefault("KS", default_ks(KT, bucket))
+        cfg.update({k: int(v) for k, v in (t.get(LAYER_KEY) or {}).items() if k in KNOBS})
         if set(cfg) != set(KNOBS) or supports(E, I, D, KT, bucket, cfg) is not None:
             cfg = default_config(E, I, D, KT, bucket)    # an entry with the up variant alone, or an unusable one
         cfg.update({v: int(t[v]) for v in VARIANT_KEYS if v in t})
@@ -133,6 +135,10 @@ UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the
 # table keys beside the knobs: the up / down kernels' variants where measured in the layer (up_mma, down_mma), not
 # knobs of moe_sweep (which keeps them when it rewrites an entry)
 VARIANT_KEYS = ("UPMMA", "DOWNMMA", "DCTAS")
+# table key holding knob values A/B'd in the layer (layer_ab with K3FUSE_MOE_CONFIG) that override the sweep's:
+# moe_sweep times the two kernels alone and can rank configs differently from the layer (session 19: TP8 M = 1
+# KS = 4 +2.3 us there, -10 us per layer); moe_sweep keeps this key when it rewrites an entry
+LAYER_KEY = "layer"
 
 
 def _variant_on(var: str, tabled: Optional[int], bucket: int, min_bucket: int) -> bool:

@@ -259,3 +259,31 @@ def test_tuned_config_lookup(monkeypatch):
     assert me.config_for(E, I, D, KT, 64, gpu="gpu_b") == me.default_config(E, I, D, KT, 64)
     assert me.config_for(E, I, D, KT, 8, gpu="gpu_a") == me.default_config(E, I, D, KT, 8)
     assert me.config_for(E, I, D, KT, 64, gpu="no_such_gpu") == me.default_config(E, I, D, KT, 64)
+    # knobs A/B'd in the layer (LAYER_KEY) override the sweep's; its "why" is not a knob
+    tables["gpu_c"] = {f"moe_experts:{E}x{I}x{D}x{KT}": {"64": dict(tuned, layer={"KS": 4, "why": "layer_ab"})}}
+    assert me.config_for(E, I, D, KT, 64, gpu="gpu_c") == dict(tuned, KS=4)
+
+
+def test_layer_measured_knobs_survive_a_sweep(monkeypatch, tmp_path):
+    """moe_sweep --write-table rewrites an entry's knobs with the sweep's winner but keeps the variant keys and the
+    knobs measured in the layer (the H200 table's TP8 bucket-1 KS = 4: the sweep ranks it slower, the layer faster)."""
+    import json
+    import pathlib
+    import sys
+    from k3fuse.codegen import tuning
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+    import moe_sweep
+    assert me.config_for(E, 384, D, KT, 1, gpu="nvidia_h200")["KS"] == 4      # the shipped table's layer knob
+    key = f"moe_experts:{E}x384x{D}x{KT}"
+    (tmp_path / "gpu_x.json").write_text(json.dumps({"gpu": "GPU X", "entries": {key: {"1": dict(
+        me.default_config(E, 384, D, KT, 1), KS=1, UPMMA=0, layer={"KS": 4, "why": "layer_ab"})}}}))
+    monkeypatch.setattr(tuning, "TABLE_DIR", tmp_path)
+    monkeypatch.setattr(tuning, "gpu_slug", lambda name: "gpu_x")
+    win = dict(me.default_config(E, 384, D, KT, 1), KS=1, WD=8)
+    trial = lambda cfg, us: dict(tp=8, M=1, cfg=cfg, us_uniform=us, us_model=us, us=2 * us)
+    res = {"gpu": "GPU X", "trials": [trial(win, 40.0), trial(me.default_config(E, 384, D, KT, 1), 41.0)],
+           "best": {"tp8 M=1": dict(default=me.default_config(E, 384, D, KT, 1), default_us=82.0, best=win,
+                                    best_us=80.0, routings=["uniform", "model"])}}
+    moe_sweep.write_table(res)
+    got = json.loads((tmp_path / "gpu_x.json").read_text())["entries"][key]["1"]
+    assert got["WD"] == 8 and got["KS"] == 1 and got["UPMMA"] == 0 and got["layer"] == {"KS": 4, "why": "layer_ab"}
