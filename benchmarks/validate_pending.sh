@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s28            # the down's knobs around KS = 4 (TP8 M = 1), KS at TP16 M = 8, in the layer
 #   TPS=8 bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26b     # then the M = 1 rows, every backend
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s25            # M = 1 per-kernel ledger, TP8 / TP16, with and without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24b           # the split-K GEMM in the layer (layer_ab, TP16 and TP8)
@@ -587,6 +588,14 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s28 ]; then      # the routed down's knobs next to the layer-measured KS = 4 (TP8 M = 1), and KS at TP16 M = 8 (per-slot down)
+    for b in KS=4:WD=2 KS=4:LPR=8 KS=4:WD=8; do
+        ab_run tp8m1_${b//[:=]/_} 70 --var K3FUSE_MOE_CONFIG=table,$b --kinds kda --tp 8 --ms 1 --pairs 8
+    done
+    for b in KS=2 KS=4; do
+        ab_run tp16m8_${b//[:=]/_} 70 --var K3FUSE_MOE_CONFIG=table,$b --kinds kda --tp 16 --ms 8 --pairs 8
+    done
+    tar czf "$OUT/logs_s28.tgz" -C "$L" .
 elif [ "$part" = s27b ]; then     # s27's KS = 4 at TP8 M = 1 again: both kinds, and 16 layers per graph
     ab_run tp8_ks4_both 150 --var K3FUSE_MOE_CONFIG=table,KS=4 --kinds kda,mla --tp 8 --ms 1 --pairs 12
     ab_run tp8_ks4_g8 120 --var K3FUSE_MOE_CONFIG=table,KS=4 --kinds kda --tp 8 --ms 1 --pairs 10 --graph-rounds 8
