@@ -136,8 +136,8 @@ UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the
 # knobs of moe_sweep (which keeps them when it rewrites an entry)
 VARIANT_KEYS = ("UPMMA", "DOWNMMA", "DCTAS")
 # table key holding knob values A/B'd in the layer (layer_ab with K3FUSE_MOE_CONFIG) that override the sweep's:
-# moe_sweep times the two kernels alone and can rank configs differently from the layer (session 19: TP8 M = 1
-# KS = 4 +2.3 us there, -10 us per layer); moe_sweep keeps this key when it rewrites an entry
+# moe_sweep times the two kernels alone and can rank configs differently from the layer (session 19, TP8 M = 1:
+# KS = 4 +2.3 us there, -10 us per layer; then LPR = 8 -8.5 more); moe_sweep keeps this key when it rewrites an entry
 LAYER_KEY = "layer"
 
 
