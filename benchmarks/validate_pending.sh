@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   TPS=16 MS=1,2 bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s29   # the down's knobs tuned in the layer (then MS=4,16; TPS=8 MS=2,4)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s28            # the down's knobs around KS = 4 (TP8 M = 1), KS at TP16 M = 8, in the layer
 #   TPS=8 bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26b     # then the M = 1 rows, every backend
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s25            # M = 1 per-kernel ledger, TP8 / TP16, with and without the PDL chain
@@ -588,6 +589,12 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s29 ]; then      # the per-slot down's knobs tuned in the layer (moe_layer_tune.py); TP / MS from the environment
+    timeout 540 python3 benchmarks/moe_layer_tune.py --out "$L" --tp "${TPS:-16}" --ms "${MS:-1,2}" --kinds kda \
+        --knobs KS,LPR,WD,SB --pairs 8 --budget-s 480 --write-table > "$L/mlt.txt" 2>&1
+    echo "moe_layer_tune TP ${TPS:-16} M ${MS:-1,2} rc=$?" | tee -a "$S"; sed -n '/best overrides/,$p' "$L/mlt.txt" | tee -a "$S"
+    cp "$L/moe_layer_tune.json" "$OUT/" 2>/dev/null; cp codegen/tuning/nvidia_h200.json "$OUT/"
+    tar czf "$OUT/logs_s29.tgz" -C "$L" .
 elif [ "$part" = s28 ]; then      # the routed down's knobs next to the layer-measured KS = 4 (TP8 M = 1), and KS at TP16 M = 8 (per-slot down)
     for b in KS=4:WD=2 KS=4:LPR=8 KS=4:WD=8; do
         ab_run tp8m1_${b//[:=]/_} 70 --var K3FUSE_MOE_CONFIG=table,$b --kinds kda --tp 8 --ms 1 --pairs 8

@@ -1,0 +1,93 @@
+"""benchmarks/moe_layer_tune.py's pure parts on the CPU: the override strings, the descent, the table's layer keys."""
+import json
+import pathlib
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import moe_layer_tune as mlt  # noqa: E402
+from k3fuse.codegen import moe_experts as me  # noqa: E402
+
+E, I, D, KT = 896, 384, 3584, 16
+
+
+def test_override_strings_are_what_the_knob_reads(monkeypatch):
+    assert mlt.override_str({}) == "table"
+    s = mlt.override_str({"LPR": 8, "KS": 4})
+    assert s == "KS=4:LPR=8"
+    monkeypatch.setenv(mlt.VAR, s)
+    assert me.config_override() == {"KS": 4, "LPR": 8}
+    monkeypatch.setenv(mlt.VAR, mlt.override_str({}))
+    assert me.config_override() == {}
+
+
+def test_accept_needs_the_gain_and_most_pairs():
+    r = dict(diff_us=-2.0, b_faster=7, pairs=8)
+    assert mlt.accepted(r)
+    assert not mlt.accepted(dict(r, diff_us=-0.5))            # below MIN_GAIN_US
+    assert not mlt.accepted(dict(r, b_faster=5))              # 5 / 8 < 0.75
+    assert not mlt.accepted(dict(r, diff_us=+3.0, b_faster=0))
+
+
+def test_descent_on_a_model_layer():
+    """A layer whose time is a known function of (KS, LPR): the descent finds KS = 4 then LPR = 8 (one knob at a time,
+    each against the best so far), skips unsupported and kernel-identical candidates, and keeps the table's values
+    where nothing beats them by MIN_GAIN_US."""
+    base = me.config_for(E, I, D, KT, 1, gpu="nvidia_h200")
+    base = dict(base, KS=1, LPR=4)
+
+    def layer_us(over):
+        c = dict(base, **over)
+        return 140.0 - {1: 0, 2: -5, 4: 10}[c["KS"]] - {4: 0, 8: 8, 16: 3}[c["LPR"]] + (0.3 if c["WD"] == 2 else 0)
+
+    calls = []
+
+    def measure(a, b):
+        calls.append((dict(a), dict(b)))
+        if dict(base, **b)["RT"] == 2:
+            return None                                     # the knob does not reach a kernel here
+        da, db = layer_us(a), layer_us(b)
+        return dict(a_us=da, b_us=db, diff_us=round(db - da, 2), b_faster=8 if db < da else 0, pairs=8)
+
+    supported = lambda c: c["WD"] != 16
+    best, trials = mlt.descend(base, [("KS", (1, 2, 4)), ("LPR", (4, 8, 16)), ("WD", (2, 4, 16)),
+                                      ("RT", (1, 2))], measure, supported)
+    assert best == {"KS": 4, "LPR": 8}
+    assert [t["B"] for t in trials if t.get("accepted")] == ["KS=4", "KS=4:LPR=8"]
+    assert any(t.get("skip") == "unsupported" and t["B"] == "KS=4:LPR=8:WD=16" for t in trials)
+    assert any(t.get("skip") == "same kernels as A" for t in trials)
+    assert ({"KS": 4, "LPR": 8}, {"KS": 4, "LPR": 16}) in calls      # each candidate against the best so far
+    assert all(a != b for a, b in calls)
+    # out of time before the first step: nothing measured, the table's config stays
+    assert mlt.descend(base, [("KS", (2,))], measure, supported, out_of_time=lambda: True) == ({}, [])
+
+
+def test_write_layer_keys_merges_into_the_entry(tmp_path):
+    key = f"moe_experts:{E}x{I}x{D}x{KT}"
+    (tmp_path / "gpu_x.json").write_text(json.dumps({"gpu": "GPU X", "entries": {key: {
+        "1": {"KS": 1, "LPR": 4, "kernel_us": 81.9, "layer": {"KS": 4, "why": "session 19"}},
+        "8": {"KS": 1, "UPMMA": 1}}}}))
+    from k3fuse.codegen import tuning
+    slug = tuning.gpu_slug
+    try:
+        tuning.gpu_slug = lambda name: "gpu_x"
+        mlt.write_layer_keys([dict(key=key, M=1, best={"LPR": 8}, why="tuned"),
+                              dict(key=key, M=5, best={}, why="")], "GPU X", table_dir=tmp_path)
+    finally:
+        tuning.gpu_slug = slug
+    e = json.loads((tmp_path / "gpu_x.json").read_text())["entries"][key]
+    assert e["1"]["layer"] == {"KS": 4, "LPR": 8, "why": "session 19; then tuned"}
+    assert e["1"]["KS"] == 1 and e["1"]["kernel_us"] == 81.9          # the sweep's knobs untouched
+    assert e["8"] == {"KS": 1, "UPMMA": 1}                              # no win at bucket 8: unchanged
+
+
+def test_unknown_knob_is_an_error(capsys):
+    sys_argv = sys.argv
+    try:
+        sys.argv = ["moe_layer_tune.py", "--knobs", "KS,XX"]
+        with pytest.raises(SystemExit):
+            mlt.main()
+    finally:
+        sys.argv = sys_argv
+    assert "unknown knobs ['XX']" in capsys.readouterr().err
