@@ -22,12 +22,13 @@ import json
 import os
 import time
 
+import moe_sweep
+
 VAR = "K3FUSE_MOE_CONFIG"
 MIN_GAIN_US = 1.0
 MIN_FASTER = 0.75
-# candidate values per knob (moe_sweep's ranges for the down kernel and the up kernel's R / W)
-VALUES = {"KS": (1, 2, 4), "LPR": (4, 8, 16), "WD": (2, 4, 8, 16), "SB": (1, 2, 4), "RT": (1, 2), "R": (1, 2, 4),
-          "W": (4, 7, 8)}
+# candidate values per knob: moe_sweep's, for the down kernel's knobs and the up kernel's R / W
+VALUES = {k: v for k, v in moe_sweep.KNOBS if k in ("KS", "LPR", "WD", "SB", "RT", "R", "W")}
 
 
 def override_str(over: dict) -> str:
