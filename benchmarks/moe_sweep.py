@@ -90,6 +90,9 @@ def main():
     ap.add_argument("--rotate", type=int, default=8,
                     help="relabelings of each routing cycled over the timed launches (1: one fixed routing, as before "
                          "session 19)")
+    ap.add_argument("--copies", type=int, default=1,
+                    help="weight copies cycled over the timed launches (2: the layer benchmarks' footprint; session "
+                         "19's open question is whether that is why the layer ranks the down's configs otherwise)")
     ap.add_argument("--knobs", default="", help="only these knobs (comma list), e.g. SB for an A/B of one knob")
     ap.add_argument("--from-json", help="no GPU: take the results of an earlier run's moe_sweep.json (with "
                                         "--write-table: write its winners)")
@@ -107,12 +110,14 @@ def main():
     t_start = time.time()
     bw = copy_bandwidth()
     res = dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), copy_TBps=round(bw / 1e12, 3),
-               rotate=args.rotate, trials=[], best={}, entries={})
+               rotate=args.rotate, copies=args.copies, trials=[], best={}, entries={})
     for tp in map(int, args.tp.split(",")):
         I = I_TP[tp]
         g = torch.Generator(device="cuda").manual_seed(tp)
         w13 = (torch.randn(E, 2 * I, D, device="cuda", generator=g) * D ** -0.5).to(torch.bfloat16)
         w2 = (torch.randn(E, D, I, device="cuda", generator=g) * I ** -0.5).to(torch.bfloat16)
+        # --copies: further copies of the weights (same values, other addresses) cycled over the timed launches
+        copies = [(w13, w2)] + [(w13.clone(), w2.clone()) for _ in range(args.copies - 1)]
         for M in map(int, args.ms.split(",")):
             b = bucket_for(M)
             torch.manual_seed(M)
@@ -150,8 +155,8 @@ def main():
                             raise AssertionError(f"{r} routing: rel err {row[f'rel_err_{r}']}")
                         rot = rotations[r]
                         row[f"us_{r}"] = round(graph_time(
-                            lambda i: me.moe_experts(z, rot[i % len(rot)], w, w13, w2, BETA, LBETA, cfg, out=out,
-                                                     scratch=scratch), 10, 7)[0], 1)
+                            lambda i: me.moe_experts(z, rot[i % len(rot)], w, *copies[i % len(copies)], BETA, LBETA,
+                                                     cfg, out=out, scratch=scratch), 10, 7)[0], 1)
                         total += row[f"us_{r}"]
                     row["us"] = round(total, 1)
                 except Exception as e:
@@ -182,7 +187,7 @@ def main():
                     best, kernel_us=best_us, default_us=res["best"][name]["default_us"])
             with open(os.path.join(args.out, "moe_sweep.json"), "w") as f:
                 json.dump(res, f, indent=1)
-        del w13, w2
+        del w13, w2, copies
         torch.cuda.empty_cache()
     if args.write_table:
         write_table(res)

@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s30            # moe_sweep with 1 vs 2 weight copies (TP8 M = 1 down ranking)
 #   TPS=16 MS=1,2 bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s29   # the down's knobs tuned in the layer (then MS=4,16; TPS=8 MS=2,4)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s28            # the down's knobs around KS = 4 (TP8 M = 1), KS at TP16 M = 8, in the layer
 #   TPS=8 bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26b     # then the M = 1 rows, every backend
@@ -589,6 +590,17 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s30 ]; then      # why moe_sweep ranks the TP8 M = 1 down unlike the layer: one weight copy against two (the layer's footprint)
+    for c in 1 2; do
+        timeout 150 python3 benchmarks/moe_sweep.py --out "$L" --tp 8 --ms 1 --from-table --knobs KS,LPR --copies $c \
+            --budget-s 120 > "$L/moe_tp8_m1_copies$c.txt" 2>&1
+        echo "moe_sweep TP8 M=1 copies=$c rc=$?" | tee -a "$S"
+        grep '^{' "$L/moe_tp8_m1_copies$c.txt" | python3 -c "
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); c = r['cfg']; print('  KS', c['KS'], 'LPR', c['LPR'], r.get('us'))" | tee -a "$S"
+    done
+    tar czf "$OUT/logs_s30.tgz" -C "$L" .
 elif [ "$part" = s29 ]; then      # the per-slot down's knobs tuned in the layer (moe_layer_tune.py); TP / MS from the environment
     timeout 540 python3 benchmarks/moe_layer_tune.py --out "$L" --tp "${TPS:-16}" --ms "${MS:-1,2}" --kinds kda \
         --knobs KS,LPR,WD,SB --pairs 8 --budget-s 480 --write-table > "$L/mlt.txt" 2>&1
