@@ -154,6 +154,9 @@ def test_linear_group_situ_fallback_on_cpu_matches_composition(caplog, M):
     from k3fuse import ops
     from k3fuse.codegen import registry
     registry._seen.clear()
+    # seeded: the bf16 CPU fallback (F.linear) and the fp32-accumulate reference differ by a bf16 ulp on ~1% of
+    # draws near zero, past the default atol; unseeded, the draw depended on which tests ran before
+    torch.manual_seed(M)
     x = torch.randn(M, 64, dtype=torch.bfloat16)
     ws = [torch.randn(48, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)]
     with caplog.at_level(logging.INFO, logger="k3fuse.codegen"):
