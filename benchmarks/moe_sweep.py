@@ -7,9 +7,11 @@ far beyond L2, so reads come from HBM).
 
 Each timed launch takes the next of --rotate relabelings of the routing (the same token -> slot structure, the expert
 ids through a fresh random permutation of the E experts), so that consecutive launches read different experts'
-weights: at M = 1 one launch's chosen experts are 132 MB (TP8), and replaying one fixed routing let part of them
-stay in L2, which made configs with few bytes in flight look as fast as at HBM speed (session 19: the TP8 M = 1
-down kernel took 30 us in the layer against ~18 us implied here).
+weights and none can come from L2 (at M = 1 one launch's chosen experts are 132 MB at TP8, 2.6x the L2). A guard,
+not a fix: in session 19 it changed nothing measurable (TP8 M = 1 40.7 -> 41.0 us per routing), and the sweep still
+ranks the TP8 M = 1 down's configs unlike the layer (KS = 4 and LPR = 8: slower here, -18.8 us per layer there;
+benchmarks/moe_layer_tune.py tunes in the layer instead). --copies N cycles N weight copies too (the layer
+benchmarks' footprint), to test whether that is the difference.
 
 Every candidate is timed on each routing of --routing (uniform: a load-balanced router; model: the peaked random-init
 router of layer_bench.py) and the descent minimises the sum: a config tuned on one routing alone lost 40% on the

@@ -115,8 +115,8 @@ def sk_default(N: int, K: int, bucket: int) -> Optional[dict]:
 
 
 def sk_forced(N: int, K: int, bucket: int) -> Optional[dict]:
-    """K3FUSE_GEMV_SPLITK=1: the split-K variant at every bucket >= SK_MIN_BUCKET where it applies (an A/B knob:
-    written in session 18 after the device time ran out, not yet run on a GPU); otherwise None."""
+    """K3FUSE_GEMV_SPLITK=1: the split-K variant at every bucket >= SK_MIN_BUCKET where it applies (an A/B knob; on
+    the H200, session 19, correct but slower than cuBLAS on 13 of 14 K3 shape x bucket cases); otherwise None."""
     if os.environ.get("K3FUSE_GEMV_SPLITK", "0") != "1" or bucket < SK_MIN_BUCKET:
         return None
     return sk_default(N, K, bucket)

@@ -99,8 +99,7 @@ def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] 
 
 def config_override() -> dict:
     """Knob values from K3FUSE_MOE_CONFIG ("KS=2:SB=2"; "" or "table": none) laid over the table's config at every
-    shape and bucket: how benchmarks/layer_ab.py A/Bs a config in the layer (session 19: the M = 1 configs re-tuned
-    with rotated routings)."""
+    shape and bucket: how benchmarks/layer_ab.py and benchmarks/moe_layer_tune.py A/B a config in the layer."""
     v = os.environ.get("K3FUSE_MOE_CONFIG", "")
     if v in ("", "table"):
         return {}
@@ -166,7 +165,8 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
     Read at render time (build's memo keys on the variable). Returns the template's UPMMA, UW (warps along K), UU
     (k-steps per load group), NTG (n-tiles of 8 members per pass) and the kernel's own CPC (column blocks of 16 per
     CTA)."""
-    if not _variant_on("K3FUSE_MOE_UP_MMA", tabled, bucket, UP_MMA_MIN_BUCKET) or not group or I % 16:                # group: a grouped bucket (> 1)
+    # group: a grouped bucket (> 1)
+    if not _variant_on("K3FUSE_MOE_UP_MMA", tabled, bucket, UP_MMA_MIN_BUCKET) or not group or I % 16:
         return None
     nv = D // 8
     UU = 2
