@@ -7,9 +7,12 @@ decoder layer (layer_ab.py's method: both arms compiled in one process, CUDA gra
 Why: moe_sweep.py times the up and down kernels alone, and at TP8 M = 1 it ranked the down kernel's configs unlike
 the layer does (session 19: KS = 4 +2.3 us there, -10 us per layer; LPR = 8 +20 there, -8.5 per layer). So the
 knobs that matter in the layer are chosen here. A candidate is the current best with one knob changed; it replaces
-the best when B - A (the median paired difference) is at most -MIN_GAIN_US and B was faster in at least
-MIN_FASTER of the pairs. A candidate whose kernels are those of the best (the knob does not reach a kernel at this
-bucket, e.g. the per-slot down's knobs where the tensor-core down runs) is not timed.
+the best when B - A (the median paired difference) is at most -max(MIN_GAIN_US, MIN_GAIN_FRAC x A) and B was faster
+in at least MIN_FASTER of the pairs. The descent's best is then confirmed against the table's config with
+CONFIRM_PAIRS_X times the pairs (session 20: at 400-650 us layers a chain of 1-3 us steps, each 6-7 / 8 pairs, is
+within the run-to-run drift); an unconfirmed best writes nothing. A candidate whose kernels are those of the best
+(the knob does not reach a kernel at this bucket, e.g. the per-slot down's knobs where the tensor-core down runs)
+is not timed.
 
 Configs are passed as K3FUSE_MOE_CONFIG overrides of the tuning table's config (codegen/moe_experts.py
 config_override). --write-table stores the winning overrides under the entry's `layer` key, with the measured
@@ -26,7 +29,9 @@ import moe_sweep
 
 VAR = "K3FUSE_MOE_CONFIG"
 MIN_GAIN_US = 1.0
+MIN_GAIN_FRAC = 0.004       # 1.8 us at a 450 us layer: paired no-op differences there reached -1.9 (session 20)
 MIN_FASTER = 0.75
+CONFIRM_PAIRS_X = 2
 # candidate values per knob: moe_sweep's, for the down kernel's knobs and the up kernel's R / W
 VALUES = {k: v for k, v in moe_sweep.KNOBS if k in ("KS", "LPR", "WD", "SB", "RT", "R", "W")}
 
@@ -36,9 +41,23 @@ def override_str(over: dict) -> str:
     return ":".join(f"{k}={int(v)}" for k, v in sorted(over.items())) or "table"
 
 
-def accepted(r: dict, min_gain_us: float = MIN_GAIN_US, min_faster: float = MIN_FASTER) -> bool:
+def accepted(r: dict, min_gain_us: float = MIN_GAIN_US, min_faster: float = MIN_FASTER,
+             min_gain_frac: float = MIN_GAIN_FRAC) -> bool:
     """A paired summary (layer_ab.paired_summary) that makes B the new best."""
-    return r["diff_us"] <= -min_gain_us and r["b_faster"] >= min_faster * r["pairs"]
+    gain = max(min_gain_us, min_gain_frac * r["a_us"])
+    return r["diff_us"] <= -gain and r["b_faster"] >= min_faster * r["pairs"]
+
+
+def confirm(best: dict, measure, pairs: int, **accept_kw):
+    """The descent's best against the table's config, `pairs` pairs: (best if confirmed else {}, the trial row)."""
+    if not best:
+        return {}, None
+    r = measure({}, best, pairs=pairs)
+    row = {"A": override_str({}), "B": override_str(best), "confirm": True}
+    if r is None:                                   # same kernels as the table's: nothing to write
+        return {}, dict(row, skip="same kernels as A")
+    row.update(r, accepted=accepted(r, **accept_kw))
+    return (best if row["accepted"] else {}), row
 
 
 def descend(base: dict, knobs, measure, supported, out_of_time=lambda: False, **accept_kw):
@@ -71,8 +90,8 @@ def descend(base: dict, knobs, measure, supported, out_of_time=lambda: False, **
 
 
 def why_text(trials: list, tp: int, M: int, kinds: str, date: str) -> str:
-    steps = [f"{t['A']} -> {t['B']}: {t['a_us']} -> {t['b_us']} us ({t['b_faster']} / {t['pairs']} pairs)"
-             for t in trials if t.get("accepted")]
+    steps = [f"{'confirmed ' if t.get('confirm') else ''}{t['A']} -> {t['B']}: {t['a_us']} -> {t['b_us']} us "
+             f"({t['b_faster']} / {t['pairs']} pairs)" for t in trials if t.get("accepted")]
     return (f"A/B'd in the layer (benchmarks/moe_layer_tune.py, {kinds}, TP{tp} M = {M}, {date}): " + "; ".join(steps))
 
 
@@ -156,7 +175,7 @@ def main():
                     graphs[s] = (g, {kk.key for kk in kcompile._memo.values()})
                 return graphs[s]
 
-            def measure(a_over, b_over):
+            def measure(a_over, b_over, pairs=args.pairs):
                 (ga, ka), (gb, kb) = arm(a_over), arm(b_over)
                 for s in list(graphs):               # keep the best's and this candidate's graphs only
                     if s not in (override_str(a_over), override_str(b_over)):
@@ -164,7 +183,7 @@ def main():
                 if ka == kb:
                     return None
                 ts = ([], [])
-                for _, j in abba(args.pairs):
+                for _, j in abba(pairs):
                     g = (ga, gb)[j]
                     ts[j].append(sum(replay_us(*g[k]) for k in kinds))
                 return paired_summary(*ts)
@@ -174,6 +193,9 @@ def main():
 
             best, trials = descend(base, knobs, measure, supported,
                                    out_of_time=lambda: time.time() - t0 > args.budget_s)
+            best, row = confirm(best, measure, CONFIRM_PAIRS_X * args.pairs)
+            if row:
+                trials.append(row)
             graphs.clear()
             r = dict(tp=tp, M=M, bucket=b, key=f"moe_experts:{E}x{I}x{D}x{KT}", kinds=args.kinds, gpu=gpu, date=date,
                      base=base, best=best, trials=trials, why=why_text(trials, tp, M, args.kinds, date))
@@ -189,9 +211,12 @@ def main():
         write_layer_keys(results, gpu)
     print(f"\n{'TP':>3} {'M':>3}  best overrides of the table (us per layer summed over {args.kinds})")
     for r in results:
-        acc = [t for t in r["trials"] if t.get("accepted")]
+        conf = [t for t in r["trials"] if t.get("confirm") and "a_us" in t]
         print(f"{r['tp']:>3} {r['M']:>3}  {override_str(r['best'])}  "
-              + (f"{acc[0]['a_us']} -> {acc[-1]['b_us']}" if acc else "(the table's config stays)"))
+              + (f"{conf[0]['a_us']} -> {conf[0]['b_us']} (confirmed, {conf[0]['b_faster']} / {conf[0]['pairs']})"
+                 if r["best"] else "(the table's config stays" + (", the descent's best unconfirmed: "
+                 + f"{conf[0]['B']} {conf[0]['diff_us']:+} us, {conf[0]['b_faster']} / {conf[0]['pairs']})" if conf
+                 else ")")))
 
 
 if __name__ == "__main__":

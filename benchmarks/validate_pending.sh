@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s31            # session 20: layer-tune TP16 M = 4, 32 / TP8 16, 32 confirmed; s30
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s30            # moe_sweep with 1 vs 2 weight copies (TP8 M = 1 down ranking)
 #   TPS=16 MS=1,2 bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s29   # the down's knobs tuned in the layer (then MS=4,16; TPS=8 MS=2,4)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s28            # the down's knobs around KS = 4 (TP8 M = 1), KS at TP16 M = 8, in the layer
@@ -590,6 +591,25 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s31 ]; then      # session 20: the marginal layer-tune steps again, with the confirmation A/B; then s30
+    for tm in 16:4,32 8:16,32; do
+        timeout 200 python3 benchmarks/moe_layer_tune.py --out "$L" --tp "${tm%%:*}" --ms "${tm#*:}" --kinds kda \
+            --knobs KS,LPR,WD,SB --pairs 8 --budget-s 120 --write-table > "$L/mlt_${tm//[:,]/_}.txt" 2>&1
+        echo "moe_layer_tune TP ${tm%%:*} M ${tm#*:} rc=$?" | tee -a "$S"
+        sed -n '/best overrides/,$p' "$L/mlt_${tm//[:,]/_}.txt" | tee -a "$S"
+        cp "$L/moe_layer_tune.json" "$L/moe_layer_tune_${tm//[:,]/_}.json" 2>/dev/null
+    done
+    cp codegen/tuning/nvidia_h200.json "$OUT/"
+    for c in 1 2; do
+        timeout 120 python3 benchmarks/moe_sweep.py --out "$L" --tp 8 --ms 1 --from-table --knobs KS,LPR --copies $c \
+            --budget-s 90 > "$L/moe_tp8_m1_copies$c.txt" 2>&1
+        echo "moe_sweep TP8 M=1 copies=$c rc=$?" | tee -a "$S"
+        grep '^{' "$L/moe_tp8_m1_copies$c.txt" | python3 -c "
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); c = r['cfg']; print('  KS', c['KS'], 'LPR', c['LPR'], r.get('us'))" | tee -a "$S"
+    done
+    tar czf "$OUT/logs_s31.tgz" -C "$L" .
 elif [ "$part" = s30 ]; then      # why moe_sweep ranks the TP8 M = 1 down unlike the layer: one weight copy against two (the layer's footprint)
     for c in 1 2; do
         timeout 150 python3 benchmarks/moe_sweep.py --out "$L" --tp 8 --ms 1 --from-table --knobs KS,LPR --copies $c \
@@ -603,7 +623,7 @@ for l in sys.stdin:
     tar czf "$OUT/logs_s30.tgz" -C "$L" .
 elif [ "$part" = s29 ]; then      # the per-slot down's knobs tuned in the layer (moe_layer_tune.py); TP / MS from the environment
     timeout 540 python3 benchmarks/moe_layer_tune.py --out "$L" --tp "${TPS:-16}" --ms "${MS:-1,2}" --kinds kda \
-        --knobs KS,LPR,WD,SB --pairs 8 --budget-s 480 --write-table > "$L/mlt.txt" 2>&1
+        --knobs KS,LPR,WD,SB --pairs 8 --budget-s 420 --write-table > "$L/mlt.txt" 2>&1
     echo "moe_layer_tune TP ${TPS:-16} M ${MS:-1,2} rc=$?" | tee -a "$S"; sed -n '/best overrides/,$p' "$L/mlt.txt" | tee -a "$S"
     cp "$L/moe_layer_tune.json" "$OUT/" 2>/dev/null; cp codegen/tuning/nvidia_h200.json "$OUT/"
     tar czf "$OUT/logs_s29.tgz" -C "$L" .

@@ -23,7 +23,7 @@ def test_override_strings_are_what_the_knob_reads(monkeypatch):
 
 
 def test_accept_needs_the_gain_and_most_pairs():
-    r = dict(diff_us=-2.0, b_faster=7, pairs=8)
+    r = dict(diff_us=-2.0, b_faster=7, pairs=8, a_us=120.0)
     assert mlt.accepted(r)
     assert not mlt.accepted(dict(r, diff_us=-0.5))            # below MIN_GAIN_US
     assert not mlt.accepted(dict(r, b_faster=5))              # 5 / 8 < 0.75
@@ -91,3 +91,31 @@ def test_unknown_knob_is_an_error(capsys):
     finally:
         sys.argv = sys_argv
     assert "unknown knobs ['XX']" in capsys.readouterr().err
+
+
+def test_accept_scales_the_gain_with_the_layer():
+    """At a 450 us layer a -1.5 us step (7 / 8 pairs) is within the drift (MIN_GAIN_FRAC); at 120 us it is a gain."""
+    r = dict(diff_us=-1.5, b_faster=7, pairs=8)
+    assert mlt.accepted(dict(r, a_us=120.0))
+    assert not mlt.accepted(dict(r, a_us=450.0))
+    assert mlt.accepted(dict(r, a_us=450.0, diff_us=-2.0))
+
+
+def test_confirm_keeps_only_a_best_that_beats_the_table_again():
+    seen = []
+
+    def measure(gain, b_faster):
+        def m(a, b, pairs):
+            seen.append((dict(a), dict(b), pairs))
+            return dict(a_us=300.0, b_us=300.0 - gain, diff_us=-gain, b_faster=b_faster, pairs=pairs)
+        return m
+
+    assert mlt.confirm({}, measure(5, 16), 16) == ({}, None)       # nothing to confirm: nothing measured
+    assert seen == []
+    best, row = mlt.confirm({"KS": 2}, measure(5.0, 15), 16)
+    assert best == {"KS": 2} and row["accepted"] and row["confirm"] and row["A"] == "table"
+    assert seen[-1] == ({}, {"KS": 2}, 16)                          # against the table's config, with the pairs given
+    best, row = mlt.confirm({"KS": 2}, measure(0.4, 9), 16)          # the chain's gain does not hold up
+    assert best == {} and row["accepted"] is False and row["B"] == "KS=2"
+    best, row = mlt.confirm({"KS": 2}, lambda a, b, pairs: None, 16)
+    assert best == {} and row["skip"] == "same kernels as A"
