@@ -169,9 +169,11 @@ def main():
                         err = max(rel(x, y) for x, y in zip(got, refs[k]))
                         if not err < 2e-2:          # issue 5's per-layer bound against eager
                             raise AssertionError(f"{VAR}={s}: {k} TP{tp} M={M} rel err {err:.3g} against eager")
-                        g[k] = capture(fn, copies, 1)
+                        # the graph holds no references: keep the compiled fn and the captured inputs alive with
+                        # it (session 20: without them a replay read freed, reused memory -> illegal address)
+                        g[k] = capture(fn, copies, 1) + ((fn, copies),)
                         for _ in range(3):
-                            replay_us(*g[k])
+                            replay_us(*g[k][:2])
                     graphs[s] = (g, {kk.key for kk in kcompile._memo.values()})
                 return graphs[s]
 
@@ -185,7 +187,7 @@ def main():
                 ts = ([], [])
                 for _, j in abba(pairs):
                     g = (ga, gb)[j]
-                    ts[j].append(sum(replay_us(*g[k]) for k in kinds))
+                    ts[j].append(sum(replay_us(*g[k][:2]) for k in kinds))
                 return paired_summary(*ts)
 
             def supported(c):
