@@ -1,5 +1,5 @@
 """Tune the routed-expert kernels (codegen/moe_experts.py) per batch bucket on the GPU: coordinate descent over the
-config knobs from the heuristic default, every candidate checked against the reference (rel err < 1e-2, output
+config knobs from the heuristic default (one knob at a time, then JOINT groups over their products), every candidate checked against the reference (rel err < 1e-2, output
 NaN-poisoned) and timed with CUDA graphs (median of replays; the ~600 chosen experts' weights at M = 64 are GBs,
 far beyond L2, so reads come from HBM).
 
@@ -8,10 +8,10 @@ far beyond L2, so reads come from HBM).
 Each timed launch takes the next of --rotate relabelings of the routing (the same token -> slot structure, the expert
 ids through a fresh random permutation of the E experts), so that consecutive launches read different experts'
 weights and none can come from L2 (at M = 1 one launch's chosen experts are 132 MB at TP8, 2.6x the L2). A guard,
-not a fix: in session 19 it changed nothing measurable (TP8 M = 1 40.7 -> 41.0 us per routing), and the sweep still
-ranks the TP8 M = 1 down's configs unlike the layer (KS = 4 and LPR = 8: slower here, -18.8 us per layer there;
-benchmarks/moe_layer_tune.py tunes in the layer instead). --copies N cycles N weight copies too (the layer
-benchmarks' footprint), to test whether that is the difference.
+not a fix: in session 19 it changed nothing measurable (TP8 M = 1 40.7 -> 41.0 us per routing). --copies N cycles N
+weight copies too (the layer benchmarks' footprint): also no effect (session 20, <= 0.5%). Around the config the layer
+chose (TP8 M = 1 KS = 4, LPR = 8) the sweep ranks as the layer does; it had missed it because each of the two knobs
+alone is slower (hence JOINT). benchmarks/moe_layer_tune.py tunes the down's knobs in the layer.
 
 Every candidate is timed on each routing of --routing (uniform: a load-balanced router; model: the peaked random-init
 router of layer_bench.py) and the descent minimises the sum: a config tuned on one routing alone lost 40% on the
@@ -22,6 +22,7 @@ prints a table; --write-table merges the winners into codegen/tuning/<gpu>.json.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -36,6 +37,19 @@ I_TP = {16: 192, 8: 384}
 BETA, LBETA = 4.0, 25.0
 KNOBS = [("KS", (1, 2, 4)), ("SB", (1, 2, 4)), ("CPC", (1, 2, 4, 8, 16, 32, 64)), ("R", (1, 2, 4)), ("G", (1, 2, 4, 8)), ("W", (4, 7, 8)),
          ("LPR", (4, 8, 16)), ("WD", (2, 4, 8, 16)), ("RT", (1, 2))]
+# knobs also searched together, after the one-knob steps: the down kernel's slot groups (KS) and lanes per W2 row (LPR)
+# set its loads in flight together. At TP8 M = 1 (session 20) KS = 4 alone (+2.7 us) and LPR = 8 alone (+20) were
+# slower than KS = 1, LPR = 4, both together 5.5 us faster: a one-knob-at-a-time descent cannot get there.
+JOINT = [("KS", "LPR")]
+
+
+def search_steps(knobs=KNOBS, joint=JOINT, only=()):
+    """The descent's steps: [(knob names, [value tuples])], each knob alone (in KNOBS order), then the JOINT groups
+    over the product of their values; `only` (knob names) keeps the steps whose knobs are all in it."""
+    values = dict(knobs)
+    keep = lambda names: not only or all(n in only for n in names)
+    return ([((k,), [(v,) for v in vs]) for k, vs in knobs if keep((k,))]
+            + [(names, list(itertools.product(*(values[n] for n in names)))) for names in joint if keep(names)])
 
 
 def routing(kind: str, M: int):
@@ -171,15 +185,16 @@ def main():
             default = me.config_for(E, I, D, KT, b) if args.from_table else me.default_config(E, I, D, KT, b)
             best, best_us = dict(default), trial(default)
             only = set(filter(None, args.knobs.split(",")))
-            for knob, values in [(k, v) for k, v in KNOBS if not only or k in only]:
-                for v in values:
+            for names, combos in search_steps(only=only):
+                for vals in combos:
                     if time.time() - t_start > args.budget_s:
                         break
-                    if v == best[knob]:
+                    cand = dict(best, **dict(zip(names, vals)))
+                    if cand == best:
                         continue
-                    us = trial(dict(best, **{knob: v}))
+                    us = trial(cand)
                     if us is not None and (best_us is None or us < best_us * 0.98):   # 2%: not noise
-                        best, best_us = dict(best, **{knob: v}), us
+                        best, best_us = cand, us
             name = f"tp{tp} M={M}"
             res["best"][name] = dict(default=default, default_us=seen[json.dumps(default, sort_keys=True)],
                                      best=best, best_us=best_us, routings=list(cases),

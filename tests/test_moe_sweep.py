@@ -27,3 +27,16 @@ def test_relabel_keeps_the_routing_structure_and_changes_the_experts():
     assert moe_sweep.relabel(ids, 1) == [ids]
     # deterministic per seed
     assert all(torch.equal(a, b) for a, b in zip(rots, moe_sweep.relabel(ids, 8, seed=1)))
+
+
+def test_search_steps_try_ks_and_lpr_together():
+    """Session 20: at TP8 M = 1 neither KS = 4 nor LPR = 8 beat KS = 1, LPR = 4 alone; together they did. The joint
+    step offers every (KS, LPR) pair after the one-knob steps, and --knobs keeps only the steps it names in full."""
+    steps = moe_sweep.search_steps()
+    names = [n for n, _ in steps]
+    assert names[:len(moe_sweep.KNOBS)] == [(k,) for k, _ in moe_sweep.KNOBS]
+    assert names[-1] == ("KS", "LPR")
+    v = dict(moe_sweep.KNOBS)
+    assert (4, 8) in steps[-1][1] and len(steps[-1][1]) == len(v["KS"]) * len(v["LPR"])
+    assert [n for n, _ in moe_sweep.search_steps(only={"KS", "LPR"})] == [("KS",), ("LPR",), ("KS", "LPR")]
+    assert [n for n, _ in moe_sweep.search_steps(only={"SB"})] == [("SB",)]
