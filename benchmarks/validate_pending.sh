@@ -593,16 +593,16 @@ PY
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
 elif [ "$part" = s32 ]; then      # session 20: the s29 table entries A/B'd by layer_ab (old config restated vs table); the layer_bench gap
-    ab_run tp16m2 80 --var K3FUSE_MOE_CONFIG=KS=1,table --kinds kda --tp 16 --ms 2 --pairs 8
-    ab_run tp8m2 80 --var K3FUSE_MOE_CONFIG=KS=1:LPR=8:WD=8,table --kinds kda --tp 8 --ms 2 --pairs 8
-    ab_run tp16m16 80 --var K3FUSE_MOE_CONFIG=KS=1:SB=4:WD=8,table --kinds kda --tp 16 --ms 16 --pairs 8
+    ab_run tp16m2 75 --var K3FUSE_MOE_CONFIG=KS=1,table --kinds kda --tp 16 --ms 2 --pairs 8
+    ab_run tp8m2 75 --var K3FUSE_MOE_CONFIG=KS=1:LPR=8:WD=8,table --kinds kda --tp 8 --ms 2 --pairs 8
+    ab_run tp16m16 75 --var K3FUSE_MOE_CONFIG=KS=1:SB=4:WD=8,table --kinds kda --tp 16 --ms 16 --pairs 8
     for sk in eager,inductor "" ; do      # k3fuse alone, then after eager + Inductor in the same process
-        timeout 170 python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp 8 --ms 1 --skip "$sk" \
+        timeout 140 python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp 8 --ms 1 --skip "$sk" \
             --tag "_gap_${sk:-all}" > "$L/lb_gap_${sk:-all}.txt" 2>&1
         echo "layer_bench TP8 M=1 kda --skip '$sk' rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_gap_${sk:-all}.txt" | tee -a "$S"
     done
-    timeout 90 python3 benchmarks/moe_layer_tune.py --out "$L" --tp 8 --ms 32 --kinds kda --knobs KS,WD --pairs 4 \
-        --budget-s 40 > "$L/mlt_8_32.txt" 2>&1
+    timeout 60 python3 benchmarks/moe_layer_tune.py --out "$L" --tp 8 --ms 32 --kinds kda --knobs KS,WD --pairs 4 \
+        --budget-s 25 > "$L/mlt_8_32.txt" 2>&1
     echo "moe_layer_tune TP 8 M 32 (fixed graph inputs) rc=$?" | tee -a "$S"; grep '^{' "$L/mlt_8_32.txt" | cut -c1-160 | tee -a "$S"
     tar czf "$OUT/logs_s32.tgz" -C "$L" .
 elif [ "$part" = s31 ]; then      # session 20: the marginal layer-tune steps again, with the confirmation A/B; then s30
