@@ -21,6 +21,7 @@ differences as its `why`; moe_sweep keeps that key when it rewrites the entry.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import time
@@ -62,18 +63,23 @@ def confirm(best: dict, measure, pairs: int, **accept_kw):
 
 def descend(base: dict, knobs, measure, supported, out_of_time=lambda: False, **accept_kw):
     """Coordinate descent over knobs [(name, values)] from the config `base` (the table's), one knob changed per
-    step. measure(best_over, cand_over) -> a paired summary dict with B = the candidate, or None when the candidate
-    builds the same kernels as the best (not timed); supported(cfg) -> whether the kernels take cfg.
-    Returns (best overrides of base, trials)."""
+    step; an entry ((name, name), [(value, value)]) is a joint step that changes both knobs at once (only the
+    combinations that change all of them from the step's starting config: one-knob moves are the single steps'). measure(best_over,
+    cand_over) -> a paired summary dict with B = the candidate, or None when the candidate builds the same kernels as
+    the best (not timed); supported(cfg) -> whether the kernels take cfg. Returns (best overrides of base, trials)."""
     best, trials = {}, []
     for knob, values in knobs:
+        names = knob if isinstance(knob, tuple) else (knob,)
+        start = dict(base, **best)                  # a joint step's moves change every knob from here
         for v in values:
+            vals = v if isinstance(knob, tuple) else (v,)
             if out_of_time():
                 return best, trials
             cur = dict(base, **best)
-            if cur.get(knob) == v:
+            if any(start.get(n) == x for n, x in zip(names, vals)) or all(
+                    cur.get(n) == x for n, x in zip(names, vals)):
                 continue
-            cand = dict(best, **{knob: v})
+            cand = dict(best, **dict(zip(names, vals)))
             row = {"A": override_str(best), "B": override_str(cand)}
             if not supported(dict(base, **cand)):
                 trials.append(dict(row, skip="unsupported"))
@@ -122,6 +128,9 @@ def main():
     ap.add_argument("--ms", default="1")
     ap.add_argument("--kinds", default="kda", help="layer kinds timed per step (their sum is the objective)")
     ap.add_argument("--knobs", default="KS,LPR,WD,SB,RT")
+    ap.add_argument("--joint", default="KS+LPR",
+                    help="knob groups also changed together after the one-knob steps ('' for none; moe_sweep.JOINT's "
+                         "reason: at TP8 M = 1 KS = 4 and LPR = 8 each lost alone in the sweep, together won)")
     ap.add_argument("--pairs", type=int, default=8)
     ap.add_argument("--budget-s", type=float, default=400)
     ap.add_argument("--write-table", action="store_true")
@@ -129,6 +138,12 @@ def main():
     unknown = [k for k in args.knobs.split(",") if k not in VALUES]
     if unknown:
         ap.error(f"unknown knobs {unknown}; known: {sorted(VALUES)}")
+    joint = []
+    for group in filter(None, args.joint.split(",")):
+        names = tuple(group.split("+"))
+        if len(names) < 2 or any(n not in VALUES for n in names):
+            ap.error(f"--joint {group}: two or more known knobs joined by '+' ({sorted(VALUES)})")
+        joint.append((names, list(itertools.product(*(VALUES[n] for n in names)))))
 
     import torch
     from k3fuse.codegen import compile as kcompile
@@ -143,7 +158,7 @@ def main():
     t0 = time.time()
     gpu, date = torch.cuda.get_device_name(), time.strftime("%Y-%m-%d")
     kinds = args.kinds.split(",")
-    knobs = [(k, VALUES[k]) for k in args.knobs.split(",")]
+    knobs = [(k, VALUES[k]) for k in args.knobs.split(",")] + joint
     results = []
     for tp in map(int, args.tp.split(",")):
         cfg = per_rank_config(tp)

@@ -119,3 +119,28 @@ def test_confirm_keeps_only_a_best_that_beats_the_table_again():
     assert best == {} and row["accepted"] is False and row["B"] == "KS=2"
     best, row = mlt.confirm({"KS": 2}, lambda a, b, pairs: None, 16)
     assert best == {} and row["skip"] == "same kernels as A"
+
+
+def test_joint_step_reaches_what_single_knobs_cannot():
+    """The session-19/20 shape of the TP8 M = 1 down: KS = 4 alone and LPR = 8 alone lose, together they win. The
+    one-knob steps keep the table's config; the joint step finds the pair, and only moves that change both knobs
+    are timed in it."""
+    base = dict(me.config_for(E, I, D, KT, 1, gpu="nvidia_h200"), KS=1, LPR=4)
+    us = {(1, 4): 41.0, (4, 4): 43.7, (1, 8): 60.5, (4, 8): 35.5, (2, 8): 38.5, (2, 4): 45.0,
+          (1, 16): 70.0, (2, 16): 50.0, (4, 16): 37.0}
+    timed = []
+
+    def measure(a, b):
+        ca, cb = dict(base, **a), dict(base, **b)
+        timed.append((cb["KS"], cb["LPR"]))
+        da, db = us[ca["KS"], ca["LPR"]], us[cb["KS"], cb["LPR"]]
+        return dict(a_us=da, b_us=db, diff_us=round(db - da, 2), b_faster=8 if db < da else 0, pairs=8)
+
+    single = [("KS", (1, 2, 4)), ("LPR", (4, 8, 16))]
+    assert mlt.descend(base, single, measure, lambda c: True)[0] == {}
+    timed.clear()
+    joint = (("KS", "LPR"), [(k, l) for k in (1, 2, 4) for l in (4, 8, 16)])
+    best, trials = mlt.descend(base, single + [joint], measure, lambda c: True)
+    assert best == {"KS": 4, "LPR": 8}
+    jt = timed[4:]                                      # after the four one-knob candidates
+    assert jt[0] == (2, 8) and (4, 8) in jt and all(k != 1 and l != 4 for k, l in jt)
