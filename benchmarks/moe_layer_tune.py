@@ -167,6 +167,7 @@ def main():
         layers = {k: [make_layer(cfg, k, seed, period="model") for seed in (0, 1)] for k in kinds}
         for M in map(int, args.ms.split(",")):
             b = bucket_for(M)
+            os.environ.pop(VAR, None)        # the table's config, not the previous bucket's last arm
             base = me.config_for(E, I, D, KT, b)
             torch.manual_seed(M)
             inputs = {k: make_inputs(cfg, layers[k][0], M) for k in kinds}

@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s33            # s32's table A/Bs after the layer-key fix
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s32            # session 20: s29's table entries by layer_ab; layer_bench with / without Inductor
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s31            # session 20: layer-tune TP16 M = 4, 32 / TP8 16, 32 confirmed; s30
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s30            # moe_sweep with 1 vs 2 weight copies (TP8 M = 1 down ranking)
@@ -592,6 +593,11 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s33 ]; then      # session 20: s32's A/Bs again after the fix that lets layer keys reach the kernels on variant-only entries
+    ab_run tp16m2 75 --var K3FUSE_MOE_CONFIG=KS=1,table --kinds kda --tp 16 --ms 2 --pairs 8
+    ab_run tp8m2 75 --var K3FUSE_MOE_CONFIG=KS=1:LPR=8:WD=8,table --kinds kda --tp 8 --ms 2 --pairs 8
+    ab_run tp16m16 75 --var K3FUSE_MOE_CONFIG=KS=1:SB=4:WD=8,table --kinds kda --tp 16 --ms 16 --pairs 8
+    tar czf "$OUT/logs_s33.tgz" -C "$L" .
 elif [ "$part" = s32 ]; then      # session 20: the s29 table entries A/B'd by layer_ab (old config restated vs table); the layer_bench gap
     ab_run tp16m2 75 --var K3FUSE_MOE_CONFIG=KS=1,table --kinds kda --tp 16 --ms 2 --pairs 8
     ab_run tp8m2 75 --var K3FUSE_MOE_CONFIG=KS=1:LPR=8:WD=8,table --kinds kda --tp 8 --ms 2 --pairs 8

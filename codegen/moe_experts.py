@@ -121,9 +121,14 @@ def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]
         if "LPR" in cfg and "RT" in cfg:             # entries written before the knobs existed
             cfg.setdefault("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"]))
         cfg.setdefault("KS", default_ks(KT, bucket))
-        cfg.update({k: int(v) for k, v in (t.get(LAYER_KEY) or {}).items() if k in KNOBS})
         if set(cfg) != set(KNOBS) or supports(E, I, D, KT, bucket, cfg) is not None:
             cfg = default_config(E, I, D, KT, bucket)    # an entry with the up variant alone, or an unusable one
+        # the layer-measured knobs go on top of whichever base that is (session 20: on entries holding only a
+        # variant key they were dropped with the incomplete sweep config, so the TP16 M = 2 / 16 and TP8 M = 2
+        # results did not reach the kernels)
+        layer = {k: int(v) for k, v in (t.get(LAYER_KEY) or {}).items() if k in KNOBS}
+        if layer and supports(E, I, D, KT, bucket, dict(cfg, **layer)) is None:
+            cfg.update(layer)
         cfg.update({v: int(t[v]) for v in VARIANT_KEYS if v in t})
         return cfg
     return default_config(E, I, D, KT, bucket)

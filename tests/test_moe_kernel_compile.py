@@ -130,7 +130,7 @@ def test_up_mma_follows_the_table(monkeypatch):
     # buckets 2 and 4: entries holding UPMMA alone (TP16, measured); the knobs stay the heuristic's
     assert mma_src(192, 2) and mma_src(192, 4) and not mma_src(384, 2)
     assert {k: v for k, v in me.config_for(E, 192, D, KT, 2, gpu="nvidia_h200").items() if k != "UPMMA"} == \
-        me.default_config(E, 192, D, KT, 2)
+        dict(me.default_config(E, 192, D, KT, 2), KS=2)            # the variant key beside the layer's KS = 2 only
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
     assert mma_src(384, 8)
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")
@@ -171,7 +171,7 @@ def test_down_mma_follows_the_table(monkeypatch):
     assert mma_src(192, 64) and mma_src(192, 32) and all(mma_src(384, b) for b in (8, 16, 32, 64))
     assert not mma_src(192, 8) and not mma_src(192, 16) and not mma_src(192, 1)
     assert {k: v for k, v in me.config_for(E, 192, D, KT, 16, gpu="nvidia_h200").items() if k != "DOWNMMA"} == \
-        me.default_config(E, 192, D, KT, 16)
+        dict(me.default_config(E, 192, D, KT, 16), KS=2, WD=2, SB=2)   # the variant key beside the layer's knobs
     assert mma_src(384, 4) == (4 >= me.DOWN_MMA_MIN_BUCKET)          # no entry: the heuristic
     # the grid cap: the table's DCTAS = 8192 at TP8 (RPC 4 of 28 row blocks at bucket 64, 1 at 8), else UP_CTAS
     def rpc(I, b):
@@ -262,6 +262,13 @@ def test_tuned_config_lookup(monkeypatch):
     # knobs A/B'd in the layer (LAYER_KEY) override the sweep's; its "why" is not a knob
     tables["gpu_c"] = {f"moe_experts:{E}x{I}x{D}x{KT}": {"64": dict(tuned, layer={"KS": 4, "why": "layer_ab"})}}
     assert me.config_for(E, I, D, KT, 64, gpu="gpu_c") == dict(tuned, KS=4)
+    # an entry with a variant key and layer knobs but no sweep config: the layer knobs go onto the default
+    # (session 20: they were dropped with the incomplete config, and the layer ran the default)
+    tables["gpu_d"] = {f"moe_experts:{E}x{I}x{D}x{KT}": {"8": dict(UPMMA=1, layer={"KS": 2, "WD": 2, "why": "x"})}}
+    assert me.config_for(E, I, D, KT, 8, gpu="gpu_d") == dict(me.default_config(E, I, D, KT, 8), KS=2, WD=2, UPMMA=1)
+    # layer knobs the kernels do not take (KT not a multiple of SB x KS) are ignored, the base stays
+    tables["gpu_e"] = {f"moe_experts:{E}x{I}x{D}x{KT}": {"64": dict(tuned, layer={"KS": 4, "SB": 8, "why": "x"})}}
+    assert me.config_for(E, I, D, KT, 64, gpu="gpu_e") == tuned
 
 
 def test_layer_measured_knobs_survive_a_sweep(monkeypatch, tmp_path):
@@ -274,6 +281,7 @@ def test_layer_measured_knobs_survive_a_sweep(monkeypatch, tmp_path):
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
     import moe_sweep
     assert me.config_for(E, 384, D, KT, 1, gpu="nvidia_h200")["KS"] == 4      # the shipped table's layer knob
+    assert me.config_for(E, 384, D, KT, 2, gpu="nvidia_h200")["LPR"] == 16    # on an entry without sweep knobs
     key = f"moe_experts:{E}x384x{D}x{KT}"
     (tmp_path / "gpu_x.json").write_text(json.dumps({"gpu": "GPU X", "entries": {key: {"1": dict(
         me.default_config(E, 384, D, KT, 1), KS=1, UPMMA=0, layer={"KS": 4, "why": "layer_ab"})}}}))
