@@ -13,7 +13,6 @@ rendered sources and cache keys of kernels without it are the same as before it 
 """
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from typing import Optional
@@ -398,13 +397,13 @@ def fp32_out_config(N: int, K: int, bucket: int) -> dict:
     return dict(_fp32_out_config(N, K, bucket))
 
 
-@functools.lru_cache(maxsize=None)
+@tuning.memo
 def _fp32_out_config(N: int, K: int, bucket: int) -> dict:
     cfg = config_for(N, K, bucket)
     return cfg if cfg["variant"] == "simt" else default_fused_config(N, K, bucket, {})
 
 
-@functools.lru_cache(maxsize=None)
+@tuning.memo
 def fp32_out_supports(N: int, K: int, bucket: int) -> Optional[str]:
     """None if the fp32-output kernel exists for (N, K, bucket), else why not. Memoised (per-call check)."""
     return supports(N, K, bucket, _fp32_out_config(N, K, bucket))

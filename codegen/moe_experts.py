@@ -23,11 +23,11 @@ the arch (codegen/cache.py), memoised in-process by the same values.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import os
 from typing import Optional
 
+from . import tuning
 from .buckets import MAX_M, bucket_for
 from .render import render
 
@@ -112,10 +112,10 @@ def config_override() -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@tuning.memo
 def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]) -> dict:
     from .tuning import lookup
-    t = lookup(FAMILY, (E, I, D, KT), bucket, gpu) if gpu is not None else None
+    t = lookup(FAMILY, (E, I, D, KT), bucket, gpu) if gpu is not None or tuning.overlay() else None
     if t:
         cfg = {k: int(v) for k, v in t.items() if k in KNOBS}
         if "LPR" in cfg and "RT" in cfg:             # entries written before the knobs existed

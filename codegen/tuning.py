@@ -4,11 +4,19 @@ Table format:
   {"gpu": "NVIDIA H200", "measured": "<date, command>",
    "entries": {"<family>:<N>x<K>": {"<bucket>": {config...}, ...}, ...}}
 A lookup misses (and the family's heuristic default is used) for GPUs and shapes not in a table.
+
+K3FUSE_TUNING_OVERLAY=PATH names a file in the same format whose bucket configs are laid over the table's, key by
+key and one level into nested dicts (for any GPU, also one without a packaged table): a table of one's own GPU without editing the package, and how
+benchmarks/layer_ab.py A/Bs one kernel's config in the layer (--var K3FUSE_TUNING_OVERLAY=none,cand.json). Where the
+table has no entry for the bucket, the overlay's config is taken alone, so it should be complete for its family.
+Memos of table-derived answers (`memo`) are keyed by the overlay, so a process can switch it between compiles.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import os
 import re
 from pathlib import Path
 from typing import Optional
@@ -48,15 +56,75 @@ def shape_key(family: str, shape: tuple[int, ...]) -> str:
     return f"{family}:" + "x".join(str(s) for s in shape)
 
 
+OVERLAY_VAR = "K3FUSE_TUNING_OVERLAY"
+_MEMOS = []
+_recording: Optional[set] = None
+
+
+def memo(fn):
+    """functools.lru_cache for functions whose answer comes from the tables: the key includes the overlay in force."""
+    cached = functools.lru_cache(maxsize=None)(lambda _overlay, *a: fn(*a))
+
+    @functools.wraps(fn)
+    def wrapper(*a):
+        return cached(os.environ.get(OVERLAY_VAR, ""), *a)
+    wrapper.cache_clear = cached.cache_clear
+    _MEMOS.append(wrapper)
+    return wrapper
+
+
+@functools.lru_cache(maxsize=None)
+def _load_overlay(path: str, mtime: float) -> dict:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{OVERLAY_VAR}={path!r}: not a readable JSON tuning table ({e})") from None
+    entries = data.get("entries") if isinstance(data, dict) else None
+    if not isinstance(entries, dict) or not all(
+            isinstance(e, dict) and all(isinstance(c, dict) for c in e.values()) for e in entries.values()):
+        raise ValueError(f"{OVERLAY_VAR}={path!r}: wants {{\"entries\": {{\"<family>:<shape>\": "
+                         f"{{\"<bucket>\": {{config}}}}}}}} (codegen/tuning.py)")
+    return entries
+
+
+def overlay() -> dict:
+    """The entries of the K3FUSE_TUNING_OVERLAY file ('' or 'none': no overlay)."""
+    path = os.environ.get(OVERLAY_VAR, "")
+    if path in ("", "none"):
+        return {}
+    try:
+        mtime = os.path.getmtime(path)
+    except OSError:
+        raise ValueError(f"{OVERLAY_VAR}={path!r}: no such file") from None
+    return _load_overlay(path, mtime)
+
+
+@contextlib.contextmanager
+def recording():
+    """Collects the (family:shape key, bucket) of every lookup inside the block (table-derived memos are cleared
+    first, so that each is asked): which table entries a compiled layer consults."""
+    global _recording
+    for m in _MEMOS:
+        m.cache_clear()
+    seen, prev = set(), _recording
+    _recording = seen
+    try:
+        yield seen
+    finally:
+        _recording = prev
+
+
 def lookup(family: str, shape: tuple[int, ...], bucket: int, gpu: Optional[str] = None) -> Optional[dict]:
+    key = shape_key(family, shape)
+    if _recording is not None:
+        _recording.add((key, bucket))
+    over = overlay().get(key, {}).get(str(bucket))
     gpu = gpu if gpu is not None else current_gpu()
-    if gpu is None:
-        return None
-    entry = load_table(gpu).get(shape_key(family, shape))
-    if not entry:
-        return None
-    cfg = entry.get(str(bucket))
-    return dict(cfg) if cfg else None
+    entry = load_table(gpu).get(key) if gpu is not None else None
+    cfg = dict((entry or {}).get(str(bucket)) or {})
+    for k, v in (over or {}).items():           # key by key, one level into nested dicts (the MoE's `layer` knobs)
+        cfg[k] = dict(cfg[k], **v) if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
+    return cfg or None
 
 
 def write_table(gpu: str, entries: dict, measured: str, path: Optional[Path] = None) -> Path:
