@@ -82,6 +82,22 @@ ab_run() {      # ab_run TAG TIMEOUT LAYER_AB_ARGS...: one layer_ab.py A/B, its 
     echo "layer_ab $tag ($*) rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_$tag.txt" | tee -a "$S"
     cp "$L/layer_ab_$tag.json" "$OUT/" 2>/dev/null
 }
+sweep_copies() {    # sweep_copies TIMEOUT BUDGET: moe_sweep TP8 M = 1 (KS, LPR from the table) with 1 and 2 weight copies
+    for c in 1 2; do
+        timeout "$1" python3 benchmarks/moe_sweep.py --out "$L" --tp 8 --ms 1 --from-table --knobs KS,LPR --copies $c \
+            --budget-s "$2" > "$L/moe_tp8_m1_copies$c.txt" 2>&1
+        echo "moe_sweep TP8 M=1 copies=$c rc=$?" | tee -a "$S"
+        grep '^{' "$L/moe_tp8_m1_copies$c.txt" | python3 -c "
+import json, sys
+for l in sys.stdin:
+    r = json.loads(l); c = r['cfg']; print('  KS', c['KS'], 'LPR', c['LPR'], r.get('us'))" | tee -a "$S"
+    done
+}
+ab_s29_entries() {  # session 20's layer-tuned entries against their old configs restated (KDA)
+    ab_run tp16m2 75 --var K3FUSE_MOE_CONFIG=KS=1,table --kinds kda --tp 16 --ms 2 --pairs 8
+    ab_run tp8m2 75 --var K3FUSE_MOE_CONFIG=KS=1:LPR=8:WD=8,table --kinds kda --tp 8 --ms 2 --pairs 8
+    ab_run tp16m16 75 --var K3FUSE_MOE_CONFIG=KS=1:SB=4:WD=8,table --kinds kda --tp 16 --ms 16 --pairs 8
+}
 e2e_and_table() {   # e2e_and_table E2E_TIMEOUT TABLE_TIMEOUT: end to end (k3tp16, M = 1, 8), then the TP16 README table
     timeout "$1" python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1,8 --steps 16 > "$L/e2e.txt" 2>&1
     echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
@@ -594,14 +610,10 @@ PY
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
 elif [ "$part" = s33 ]; then      # session 20: s32's A/Bs again after the fix that lets layer keys reach the kernels on variant-only entries
-    ab_run tp16m2 75 --var K3FUSE_MOE_CONFIG=KS=1,table --kinds kda --tp 16 --ms 2 --pairs 8
-    ab_run tp8m2 75 --var K3FUSE_MOE_CONFIG=KS=1:LPR=8:WD=8,table --kinds kda --tp 8 --ms 2 --pairs 8
-    ab_run tp16m16 75 --var K3FUSE_MOE_CONFIG=KS=1:SB=4:WD=8,table --kinds kda --tp 16 --ms 16 --pairs 8
+    ab_s29_entries
     tar czf "$OUT/logs_s33.tgz" -C "$L" .
 elif [ "$part" = s32 ]; then      # session 20: the s29 table entries A/B'd by layer_ab (old config restated vs table); the layer_bench gap
-    ab_run tp16m2 75 --var K3FUSE_MOE_CONFIG=KS=1,table --kinds kda --tp 16 --ms 2 --pairs 8
-    ab_run tp8m2 75 --var K3FUSE_MOE_CONFIG=KS=1:LPR=8:WD=8,table --kinds kda --tp 8 --ms 2 --pairs 8
-    ab_run tp16m16 75 --var K3FUSE_MOE_CONFIG=KS=1:SB=4:WD=8,table --kinds kda --tp 16 --ms 16 --pairs 8
+    ab_s29_entries
     for sk in eager,inductor "" ; do      # k3fuse alone, then after eager + Inductor in the same process
         timeout 140 python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp 8 --ms 1 --skip "$sk" \
             --tag "_gap_${sk:-all}" > "$L/lb_gap_${sk:-all}.txt" 2>&1
@@ -620,26 +632,10 @@ elif [ "$part" = s31 ]; then      # session 20: the marginal layer-tune steps ag
         cp "$L/moe_layer_tune.json" "$L/moe_layer_tune_${tm//[:,]/_}.json" 2>/dev/null
     done
     cp codegen/tuning/nvidia_h200.json "$OUT/"
-    for c in 1 2; do
-        timeout 120 python3 benchmarks/moe_sweep.py --out "$L" --tp 8 --ms 1 --from-table --knobs KS,LPR --copies $c \
-            --budget-s 90 > "$L/moe_tp8_m1_copies$c.txt" 2>&1
-        echo "moe_sweep TP8 M=1 copies=$c rc=$?" | tee -a "$S"
-        grep '^{' "$L/moe_tp8_m1_copies$c.txt" | python3 -c "
-import json, sys
-for l in sys.stdin:
-    r = json.loads(l); c = r['cfg']; print('  KS', c['KS'], 'LPR', c['LPR'], r.get('us'))" | tee -a "$S"
-    done
+    sweep_copies 120 90
     tar czf "$OUT/logs_s31.tgz" -C "$L" .
 elif [ "$part" = s30 ]; then      # why moe_sweep ranks the TP8 M = 1 down unlike the layer: one weight copy against two (the layer's footprint)
-    for c in 1 2; do
-        timeout 150 python3 benchmarks/moe_sweep.py --out "$L" --tp 8 --ms 1 --from-table --knobs KS,LPR --copies $c \
-            --budget-s 120 > "$L/moe_tp8_m1_copies$c.txt" 2>&1
-        echo "moe_sweep TP8 M=1 copies=$c rc=$?" | tee -a "$S"
-        grep '^{' "$L/moe_tp8_m1_copies$c.txt" | python3 -c "
-import json, sys
-for l in sys.stdin:
-    r = json.loads(l); c = r['cfg']; print('  KS', c['KS'], 'LPR', c['LPR'], r.get('us'))" | tee -a "$S"
-    done
+    sweep_copies 150 120
     tar czf "$OUT/logs_s30.tgz" -C "$L" .
 elif [ "$part" = s29 ]; then      # the per-slot down's knobs tuned in the layer (moe_layer_tune.py); TP / MS from the environment
     timeout 540 python3 benchmarks/moe_layer_tune.py --out "$L" --tp "${TPS:-16}" --ms "${MS:-1,2}" --kinds kda \
