@@ -188,12 +188,12 @@ def test_tuning_table_entries_render():
                     if kc:
                         kc.setdefault("SB", moe_experts.default_sb(KT, I, kc["LPR"], kc["RT"]))  # knobs added later
                         kc.setdefault("KS", moe_experts.default_ks(KT, int(b)))
-                        layer = cfg.get(moe_experts.LAYER_KEY) or {}     # knobs A/B'd in the layer, and why
-                        assert set(layer) <= {*moe_experts.KNOBS, "why"} and (not layer or layer.get("why")), (key, b)
-                        kc.update({k: v for k, v in layer.items() if k in moe_experts.KNOBS})
-                    else:                         # an entry holding the up / down kernels' variants alone
-                        assert set(cfg) <= {*moe_experts.VARIANT_KEYS, "why"}, (key, b)
+                    else:                         # an entry holding the kernels' variants (and layer knobs) alone
+                        assert set(cfg) <= {*moe_experts.VARIANT_KEYS, moe_experts.LAYER_KEY, "why"}, (key, b)
                         kc = moe_experts.default_config(E, I, D, KT, int(b))
+                    layer = cfg.get(moe_experts.LAYER_KEY) or {}         # knobs A/B'd in the layer, and why
+                    assert set(layer) <= {*moe_experts.KNOBS, "why"} and (not layer or layer.get("why")), (key, b)
+                    kc.update({k: v for k, v in layer.items() if k in moe_experts.KNOBS})
                     kc.update({v: cfg[v] for v in moe_experts.VARIANT_KEYS if v in cfg})
                     assert moe_experts.config_for(E, I, D, KT, int(b), gpu=p.stem) == kc, (key, b)  # taken as is
                     compile(moe_experts.render_source(E, I, D, KT, int(b), cfg=kc)[0], key, "exec")
