@@ -96,3 +96,25 @@ def test_overlay_reaches_the_moe_config_without_a_gpu(monkeypatch, tmp_path):
     assert me.config_for(E, I, D, KT, 8, gpu=None) == cfg
     monkeypatch.delenv(tuning.OVERLAY_VAR)
     assert me.config_for(E, I, D, KT, 8, gpu=None) == me.default_config(E, I, D, KT, 8)
+
+
+def test_kernels_cli_plans_the_overlay_configs(monkeypatch, tmp_path):
+    """`k3fuse kernels` (what a user inspects) plans the configs the overlay names: the TP16 in_proj group's
+    3216-row shape at bucket 1, and a bucket the overlay does not name keeps the table's."""
+    from k3fuse.codegen.kernels_cli import plan
+    name = "gemv_group_simt_768-768-768-768-128-6x7168_b1"
+
+    def cfg_of(jobs, n):
+        return next(j["config"] for j in jobs if j.get("name") == n)
+
+    monkeypatch.delenv(tuning.OVERLAY_VAR, raising=False)
+    jobs, _ = plan("k3", 16, [1, 8], "sm_90a")
+    before = cfg_of(jobs, name)
+    want = {"variant": "simt", "R": 2, "W": 8} if before != {"variant": "simt", "R": 2, "W": 8} else \
+        {"variant": "simt", "R": 4, "W": 4}
+    monkeypatch.setenv(tuning.OVERLAY_VAR, write(tmp_path, "o.json", {"gemv:3216x7168": {"1": want}}))
+    jobs2, _ = plan("k3", 16, [1, 8], "sm_90a")
+    assert cfg_of(jobs2, name) == want
+    others = lambda js: sorted((j["name"], json.dumps(j["config"], sort_keys=True)) for j in js if j["name"] != name
+                               and "3216x7168_b1" not in j["name"])
+    assert others(jobs2) == others(jobs)
