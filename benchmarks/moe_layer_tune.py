@@ -33,8 +33,8 @@ MIN_GAIN_US = 1.0
 MIN_GAIN_FRAC = 0.004       # 1.8 us at a 450 us layer: paired no-op differences there reached -1.9 (session 20)
 MIN_FASTER = 0.75
 CONFIRM_PAIRS_X = 2
-# candidate values per knob: moe_sweep's, for the down kernel's knobs and the up kernel's R / W
-VALUES = {k: v for k, v in moe_sweep.KNOBS if k in ("KS", "LPR", "WD", "SB", "RT", "R", "W")}
+# candidate values per knob: moe_sweep's, for the down kernel's knobs and the up kernel's R / W / G / CPC
+VALUES = {k: v for k, v in moe_sweep.KNOBS if k in ("KS", "LPR", "WD", "SB", "RT", "R", "W", "G", "CPC")}
 
 
 def override_str(over: dict) -> str:
