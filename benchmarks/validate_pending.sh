@@ -35,7 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s34            # TP16 M = 1 rows with max-autotune; the up kernel's knobs in the layer
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s34            # TP16 M = 1 rows with max-autotune; the up kernel's knobs in the layer; one-launch MLA
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s33            # s32's table A/Bs after the layer-key fix
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s32            # session 20: s29's table entries by layer_ab; layer_bench with / without Inductor
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s31            # session 20: layer-tune TP16 M = 4, 32 / TP8 16, 32 confirmed; s30
@@ -611,14 +611,17 @@ PY
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
 elif [ "$part" = s34 ]; then      # session 21 (first): TP16 M = 1 rows with max-autotune in the same run; the up kernel's knobs in the layer
-    timeout 230 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
+    timeout 210 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
         --tag _m1_tp16_mat > "$L/lb_m1_tp16_mat.txt" 2>&1
     echo "layer TP16 M=1 every backend + max-autotune rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_tp16_mat.txt" | tee -a "$S"
     cp "$L"/layer_bench_m1_tp16_mat.json "$L"/layer_bench_m1_tp16_mat.png "$OUT/" 2>/dev/null
-    timeout 300 python3 benchmarks/moe_layer_tune.py --out "$L" --tp 16,8 --ms 1 --kinds kda --knobs R,W,G,CPC \
-        --joint "" --pairs 8 --budget-s 240 --write-table > "$L/mlt_up.txt" 2>&1
+    timeout 240 python3 benchmarks/moe_layer_tune.py --out "$L" --tp 16,8 --ms 1 --kinds kda --knobs R,W,G,CPC \
+        --joint "" --pairs 8 --budget-s 190 --write-table > "$L/mlt_up.txt" 2>&1
     echo "moe_layer_tune (up knobs) TP 16,8 M 1 rc=$?" | tee -a "$S"; sed -n '/best overrides/,$p' "$L/mlt_up.txt" | tee -a "$S"
     cp "$L/moe_layer_tune.json" "$OUT/" 2>/dev/null; cp codegen/tuning/nvidia_h200.json "$OUT/"
+    # the one-launch MLA attention (9 launches per MLA layer instead of 11) again: +1.1 us in session 15, before the
+    # MMA score step and sessions 16-20's changes around it
+    ab_run mla_one 100 --var K3FUSE_MLA_ONE_KERNEL=0,1 --kinds mla --tp 16,8 --ms 1 --pairs 12
     tar czf "$OUT/logs_s34.tgz" -C "$L" .
 elif [ "$part" = s33 ]; then      # session 20: s32's A/Bs again after the fix that lets layer keys reach the kernels on variant-only entries
     ab_s29_entries
