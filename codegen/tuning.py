@@ -6,10 +6,11 @@ Table format:
 A lookup misses (and the family's heuristic default is used) for GPUs and shapes not in a table.
 
 K3FUSE_TUNING_OVERLAY=PATH names a file in the same format whose bucket configs are laid over the table's, key by
-key and one level into nested dicts (for any GPU, also one without a packaged table): a table of one's own GPU without editing the package, and how
-benchmarks/layer_ab.py A/Bs one kernel's config in the layer (--var K3FUSE_TUNING_OVERLAY=none,cand.json). Where the
-table has no entry for the bucket, the overlay's config is taken alone, so it should be complete for its family.
-Memos of table-derived answers (`memo`) are keyed by the overlay, so a process can switch it between compiles.
+key and one level into nested dicts, for any GPU (also one without a packaged table): a table of one's own GPU
+without editing the package, and how benchmarks/layer_ab.py A/Bs one kernel's config in the layer (--var
+K3FUSE_TUNING_OVERLAY=none,cand.json). Where the table has no entry for the bucket, the overlay's config is taken
+alone, so it should be complete for its family. Memos of table-derived answers (`memo`) are keyed by the overlay's
+path, so a process can switch it between compiles (an edit of the file in place is seen by unmemoised lookups only).
 """
 from __future__ import annotations
 
