@@ -137,8 +137,8 @@ def main():
               f"{r['b_faster']:>4}/{r['pairs']:<4} {r['kernels_differ']:>14}")
     same = [f"{r['kind']} TP{r['tp']} M={r['M']}" for r in rows if r["kernels_differ"] == 0]
     if same:    # session 20: table entries that never reached a kernel showed up only as this 0
-        print(f"note: A and B built the same kernels at {', '.join(same)}: {var} is read at launch there, or it did not "
-              "reach a kernel (an override the config lookup drops?)")
+        print(f"note: A and B built the same kernels at {', '.join(same)}: {var} is read at launch there, or it did "
+              "not reach a kernel (an override the config lookup drops?)")
 
 
 if __name__ == "__main__":

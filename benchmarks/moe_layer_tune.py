@@ -64,9 +64,10 @@ def confirm(best: dict, measure, pairs: int, **accept_kw):
 def descend(base: dict, knobs, measure, supported, out_of_time=lambda: False, **accept_kw):
     """Coordinate descent over knobs [(name, values)] from the config `base` (the table's), one knob changed per
     step; an entry ((name, name), [(value, value)]) is a joint step that changes both knobs at once (only the
-    combinations that change all of them from the step's starting config: one-knob moves are the single steps'). measure(best_over,
-    cand_over) -> a paired summary dict with B = the candidate, or None when the candidate builds the same kernels as
-    the best (not timed); supported(cfg) -> whether the kernels take cfg. Returns (best overrides of base, trials)."""
+    combinations that change all of them from the step's starting config: one-knob moves are the single steps').
+    measure(best_over, cand_over) -> a paired summary dict with B = the candidate, or None when the candidate builds
+    the same kernels as the best (not timed); supported(cfg) -> whether the kernels take cfg. Returns (best overrides
+    of base, trials)."""
     best, trials = {}, []
     for knob, values in knobs:
         names = knob if isinstance(knob, tuple) else (knob,)

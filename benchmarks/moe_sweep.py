@@ -1,7 +1,7 @@
 """Tune the routed-expert kernels (codegen/moe_experts.py) per batch bucket on the GPU: coordinate descent over the
-config knobs from the heuristic default (one knob at a time, then JOINT groups over their products), every candidate checked against the reference (rel err < 1e-2, output
-NaN-poisoned) and timed with CUDA graphs (median of replays; the ~600 chosen experts' weights at M = 64 are GBs,
-far beyond L2, so reads come from HBM).
+config knobs from the heuristic default (one knob at a time, then JOINT groups over their products), every
+candidate checked against the reference (rel err < 1e-2, output NaN-poisoned) and timed with CUDA graphs (median of
+replays; the ~600 chosen experts' weights at M = 64 are GBs, far beyond L2, so reads come from HBM).
 
     python3 benchmarks/moe_sweep.py --out DIR [--tp 16,8] [--ms 8,64]
 

@@ -83,8 +83,8 @@ KNOBS = ("R", "W", "G", "GROUP", "WD", "LPR", "RT", "CPC", "SB", "KS")
 def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] = None) -> dict:
     """The tuned config of this GPU's table (codegen/tuning/<gpu>.json, "moe_experts:ExIxDxk", measured by
     benchmarks/moe_sweep.py) where there is one the kernels take, else the heuristic default. An entry's LAYER_KEY
-    knobs (A/B'd in the layer) override the sweep's; K3FUSE_MOE_CONFIG (config_override) overrides both. Memoised: the launch
-    path asks on every call (through supports())."""
+    knobs (A/B'd in the layer) override the sweep's or the default; K3FUSE_MOE_CONFIG (config_override) overrides
+    both. Memoised: the launch path asks on every call (through supports())."""
     from .tuning import current_gpu
     cfg = dict(_config_for(E, I, D, KT, bucket, gpu if gpu is not None else current_gpu()))
     over = config_override()
