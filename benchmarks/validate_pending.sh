@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s35            # untabled GEMV shapes (MLA group): tune, layer A/B via the overlay
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s34            # TP16 M = 1 rows with max-autotune; the up kernel's knobs in the layer; one-launch MLA
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s33            # s32's table A/Bs after the layer-key fix
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s32            # session 20: s29's table entries by layer_ab; layer_bench with / without Inductor
@@ -610,6 +611,16 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s35 ]; then      # the GEMV shapes the H200 table lacks (`k3fuse kernels` manifest 'tuning': the MLA group at
+    # TP16 / TP8 runs on the heuristic default): tuned standalone, then A/B'd in the layer through the overlay
+    timeout 330 python3 benchmarks/gpu_kernels.py --out "$L/gk" --shapes 2880x7168,3648x7168 --ms 1,2,4,8 --tune \
+        > "$L/gk.txt" 2>&1
+    echo "gemv tune (untabled shapes) rc=$?" | tee -a "$S"; sed -n '/shape   M/,$p' "$L/gk.txt" | tee -a "$S"
+    cp "$L/gk/tuning.json" "$OUT/tuning_untabled.json" 2>/dev/null
+    # merge what wins: python3 benchmarks/merge_tuning.py tuning_untabled.json (after reading the A/B)
+    ab_run mla_overlay 200 --var "K3FUSE_TUNING_OVERLAY=none,$L/gk/tuning.json" --kinds mla --tp 16,8 --ms 1,2,8 \
+        --pairs 8
+    tar czf "$OUT/logs_s35.tgz" -C "$L" .
 elif [ "$part" = s34 ]; then      # session 21 (first): TP16 M = 1 rows with max-autotune in the same run; the up kernel's knobs in the layer
     timeout 210 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
         --tag _m1_tp16_mat > "$L/lb_m1_tp16_mat.txt" 2>&1

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -384,7 +385,12 @@ def main(argv: Optional[list[str]] = None) -> int:
     batches = [int(b) for b in a.batch.split(",") if b]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    jobs, skipped = plan(a.config, a.tp, batches, a.arch)
+    from . import tuning
+    with tuning.recording() as consulted:           # which tuning-table entries the plan took, for the manifest
+        jobs, skipped = plan(a.config, a.tp, batches, a.arch)
+    entries = [dict(key=k, bucket=b, source=src) for (k, b), src in sorted(consulted.items())]
+    tuning_info = dict(gpu_table=_gpu_for(a.arch), overlay=os.environ.get(tuning.OVERLAY_VAR) or None,
+                       entries=entries)
     if a.only:
         fams = set(a.only.split(","))
         jobs = [j for j in jobs if j["family"] in fams]
@@ -417,11 +423,16 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .render import pdl_chain
     manifest = dict(config=a.config, tp=a.tp, batch=batches, arch=a.arch, dsl_version=dsl_version(),
                     pdl_chain=pdl_chain(), mixnorm_cluster=mixnorm_cluster(),
-                    kernels=kernels, skipped=skipped, failed=failed,
+                    tuning=tuning_info, kernels=kernels, skipped=skipped, failed=failed,
                     seconds=round(time.perf_counter() - t0, 2))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     print(f"{len(kernels)} kernels for {a.config} tp={a.tp} batch={a.batch} {a.arch} in {manifest['seconds']} s "
           f"-> {out}/manifest.json ({len(skipped)} skipped, {len(failed)} failed)")
+    none = sum(e["source"] == "none" for e in entries)
+    print(f"tuning: {len(entries) - none} of {len(entries)} table lookups found an entry "
+          f"(table {tuning_info['gpu_table'] or 'none for ' + a.arch}"
+          f"{', overlay ' + tuning_info['overlay'] if tuning_info['overlay'] else ''}); {none} took the heuristic "
+          "default (manifest.json 'tuning')")
     return 1 if failed else 0
 
 

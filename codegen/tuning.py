@@ -102,12 +102,13 @@ def overlay() -> dict:
 
 @contextlib.contextmanager
 def recording():
-    """Collects the (family:shape key, bucket) of every lookup inside the block (table-derived memos are cleared
-    first, so that each is asked): which table entries a compiled layer consults."""
+    """Collects {(family:shape key, bucket): source} for every lookup inside the block, source "table", "overlay",
+    "table+overlay" or "none" (the family's heuristic default then); table-derived memos are cleared first, so that
+    each is asked: which table entries a compile consults, and which kernels run on defaults."""
     global _recording
     for m in _MEMOS:
         m.cache_clear()
-    seen, prev = set(), _recording
+    seen, prev = {}, _recording
     _recording = seen
     try:
         yield seen
@@ -117,12 +118,12 @@ def recording():
 
 def lookup(family: str, shape: tuple[int, ...], bucket: int, gpu: Optional[str] = None) -> Optional[dict]:
     key = shape_key(family, shape)
-    if _recording is not None:
-        _recording.add((key, bucket))
     over = overlay().get(key, {}).get(str(bucket))
     gpu = gpu if gpu is not None else current_gpu()
     entry = load_table(gpu).get(key) if gpu is not None else None
     cfg = dict((entry or {}).get(str(bucket)) or {})
+    if _recording is not None:
+        _recording[(key, bucket)] = "+".join(n for n, hit in (("table", cfg), ("overlay", over)) if hit) or "none"
     for k, v in (over or {}).items():           # key by key, one level into nested dicts (the MoE's `layer` knobs)
         cfg[k] = dict(cfg[k], **v) if isinstance(v, dict) and isinstance(cfg.get(k), dict) else v
     return cfg or None

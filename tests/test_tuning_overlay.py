@@ -68,9 +68,12 @@ def test_recording_lists_the_entries_consulted():
         gemv.config_for(N, K, 1, gpu="nvidia_h200")
         me.config_for(E, I, D, KT, 8, gpu="nvidia_h200")
         me.config_for(E, I, D, KT, 8, gpu="nvidia_h200")       # memoised: recorded once, asked once
-    assert seen == {(f"gemv:{N}x{K}", 1), (f"moe_experts:{E}x{I}x{D}x{KT}", 8)}
+    assert seen == {(f"gemv:{N}x{K}", 1): "table", (f"moe_experts:{E}x{I}x{D}x{KT}", 8): "table"}
     gemv.config_for(N, K, 2, gpu="nvidia_h200")
     assert (f"gemv:{N}x{K}", 2) not in seen                      # only inside the block
+    with tuning.recording() as seen:
+        gemv.config_for(N, K, 1, gpu="no_table_gpu")
+    assert seen == {(f"gemv:{N}x{K}", 1): "none"}               # the heuristic default ran
 
 
 def test_bad_overlays_say_what_is_wrong(monkeypatch, tmp_path):
@@ -118,3 +121,22 @@ def test_kernels_cli_plans_the_overlay_configs(monkeypatch, tmp_path):
     others = lambda js: sorted((j["name"], json.dumps(j["config"], sort_keys=True)) for j in js if j["name"] != name
                                and "3216x7168_b1" not in j["name"])
     assert others(jobs2) == others(jobs)
+
+
+def test_kernels_manifest_says_where_configs_came_from(monkeypatch, tmp_path):
+    """`k3fuse kernels` records the table lookups of its plan in manifest.json ('tuning'): table, overlay or none
+    (the heuristic default), so a user on another GPU sees which kernels ran untuned. Only the tiny config's
+    prefetch family is compiled (fast); the plan, and so the lookups, cover every family."""
+    from k3fuse.codegen import kernels_cli
+    cfg = {"variant": "simt", "R": 2, "W": 4}
+    ov = write(tmp_path, "o.json", {f"gemv:{N}x{K}": {"1": cfg}})
+    monkeypatch.setenv(tuning.OVERLAY_VAR, ov)
+    out = tmp_path / "k"
+    assert kernels_cli.main(["--config", "k3", "--tp", "16", "--batch", "1", "--arch", "sm_100a", "--out", str(out),
+                             "--only", "prefetch_l2"]) == 0
+    t = json.loads((out / "manifest.json").read_text())["tuning"]
+    assert t["gpu_table"] is None and t["overlay"] == ov
+    src = {(e["key"], e["bucket"]): e["source"] for e in t["entries"]}
+    assert src[(f"gemv:{N}x{K}", 1)] == "overlay"
+    assert src[("gemv:7168x768", 1)] == "none"                # no table for sm_100a: the heuristic default
+    assert all(v in ("overlay", "none") for v in src.values())
