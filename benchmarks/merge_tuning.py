@@ -17,12 +17,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-KEEP = ("layer", "UPMMA", "DOWNMMA", "DCTAS")     # keys measured in the layer: a standalone re-tune does not drop them
 
 
 def merge(table: dict, new: dict, replace: bool = False) -> list[str]:
     """Merges new's entries into table's (both {"entries": {key: {bucket: cfg}}}), in place; returns what changed,
     one line per (key, bucket)."""
+    from k3fuse.codegen import moe_experts
+    keep = moe_experts.VARIANT_KEYS + (moe_experts.LAYER_KEY,)    # measured in the layer, as moe_sweep keeps them
     changed = []
     entries = table.setdefault("entries", {})
     for key, per_bucket in sorted(new.get("entries", {}).items()):
@@ -31,7 +32,7 @@ def merge(table: dict, new: dict, replace: bool = False) -> list[str]:
             existed = b in old
             if existed and not replace:
                 continue
-            kept = {k: v for k, v in old.get(b, {}).items() if k in KEEP and k not in cfg}
+            kept = {k: v for k, v in old.get(b, {}).items() if k in keep and k not in cfg}
             old[b] = dict(cfg, **kept)
             changed.append(f"{key} bucket {b}: {'replaced' if existed else 'added'}")
     return changed

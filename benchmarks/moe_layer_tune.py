@@ -21,7 +21,6 @@ differences as its `why`; moe_sweep keeps that key when it rewrites the entry.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import time
@@ -33,8 +32,8 @@ MIN_GAIN_US = 1.0
 MIN_GAIN_FRAC = 0.004       # 1.8 us at a 450 us layer: paired no-op differences there reached -1.9 (session 20)
 MIN_FASTER = 0.75
 CONFIRM_PAIRS_X = 2
-# candidate values per knob: moe_sweep's, for the down kernel's knobs and the up kernel's R / W / G / CPC
-VALUES = {k: v for k, v in moe_sweep.KNOBS if k in ("KS", "LPR", "WD", "SB", "RT", "R", "W", "G", "CPC")}
+# candidate values per knob: moe_sweep's (the down kernel's KS / LPR / WD / SB / RT, the up kernel's R / W / G / CPC)
+VALUES = dict(moe_sweep.KNOBS)
 
 
 def override_str(over: dict) -> str:
@@ -63,8 +62,9 @@ def confirm(best: dict, measure, pairs: int, **accept_kw):
 
 def descend(base: dict, knobs, measure, supported, out_of_time=lambda: False, **accept_kw):
     """Coordinate descent over knobs [(name, values)] from the config `base` (the table's), one knob changed per
-    step; an entry ((name, name), [(value, value)]) is a joint step that changes both knobs at once (only the
-    combinations that change all of them from the step's starting config: one-knob moves are the single steps').
+    step; an entry ((name, ...), [(value, ...)]) (moe_sweep.search_steps' form) changes its knobs together, and
+    with two or more knobs it is a joint step: only the combinations that change all of them from the step's
+    starting config (one-knob moves are the single steps').
     measure(best_over, cand_over) -> a paired summary dict with B = the candidate, or None when the candidate builds
     the same kernels as the best (not timed); supported(cfg) -> whether the kernels take cfg. Returns (best overrides
     of base, trials)."""
@@ -139,12 +139,10 @@ def main():
     unknown = [k for k in args.knobs.split(",") if k not in VALUES]
     if unknown:
         ap.error(f"unknown knobs {unknown}; known: {sorted(VALUES)}")
-    joint = []
-    for group in filter(None, args.joint.split(",")):
-        names = tuple(group.split("+"))
+    joint = [tuple(g.split("+")) for g in filter(None, args.joint.split(","))]
+    for names in joint:
         if len(names) < 2 or any(n not in VALUES for n in names):
-            ap.error(f"--joint {group}: two or more known knobs joined by '+' ({sorted(VALUES)})")
-        joint.append((names, list(itertools.product(*(VALUES[n] for n in names)))))
+            ap.error(f"--joint {'+'.join(names)}: two or more known knobs joined by '+' ({sorted(VALUES)})")
 
     import torch
     from k3fuse.codegen import compile as kcompile
@@ -159,7 +157,7 @@ def main():
     t0 = time.time()
     gpu, date = torch.cuda.get_device_name(), time.strftime("%Y-%m-%d")
     kinds = args.kinds.split(",")
-    knobs = [(k, VALUES[k]) for k in args.knobs.split(",")] + joint
+    knobs = moe_sweep.search_steps(knobs=[(k, VALUES[k]) for k in args.knobs.split(",")], joint=joint)
     results = []
     for tp in map(int, args.tp.split(",")):
         cfg = per_rank_config(tp)

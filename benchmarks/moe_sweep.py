@@ -44,9 +44,10 @@ JOINT = [("KS", "LPR")]
 
 
 def search_steps(knobs=KNOBS, joint=JOINT, only=()):
-    """The descent's steps: [(knob names, [value tuples])], each knob alone (in KNOBS order), then the JOINT groups
-    over the product of their values; `only` (knob names) keeps the steps whose knobs are all in it."""
-    values = dict(knobs)
+    """The descent's steps: [(knob names, [value tuples])], each knob of `knobs` alone (in its order), then the
+    `joint` groups over the product of their values (KNOBS' values for knobs not in `knobs`); `only` (knob names)
+    keeps the steps whose knobs are all in it."""
+    values = dict(KNOBS, **dict(knobs))
     keep = lambda names: not only or all(n in only for n in names)
     return ([((k,), [(v,) for v in vs]) for k, vs in knobs if keep((k,))]
             + [(names, list(itertools.product(*(values[n] for n in names)))) for names in joint if keep(names)])
@@ -107,8 +108,8 @@ def main():
                     help="relabelings of each routing cycled over the timed launches (1: one fixed routing, as before "
                          "session 19)")
     ap.add_argument("--copies", type=int, default=1,
-                    help="weight copies cycled over the timed launches (2: the layer benchmarks' footprint; session "
-                         "19's open question is whether that is why the layer ranks the down's configs otherwise)")
+                    help="weight copies cycled over the timed launches (2: the layer benchmarks' footprint; it "
+                         "changed nothing at TP8 M = 1, session 20)")
     ap.add_argument("--knobs", default="", help="only these knobs (comma list), e.g. SB for an A/B of one knob")
     ap.add_argument("--from-json", help="no GPU: take the results of an earlier run's moe_sweep.json (with "
                                         "--write-table: write its winners)")

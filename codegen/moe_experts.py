@@ -85,8 +85,7 @@ def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] 
     benchmarks/moe_sweep.py) where there is one the kernels take, else the heuristic default. An entry's LAYER_KEY
     knobs (A/B'd in the layer) override the sweep's or the default; K3FUSE_MOE_CONFIG (config_override) overrides
     both. Memoised: the launch path asks on every call (through supports())."""
-    from .tuning import current_gpu
-    cfg = dict(_config_for(E, I, D, KT, bucket, gpu if gpu is not None else current_gpu()))
+    cfg = dict(_config_for(E, I, D, KT, bucket, gpu if gpu is not None else tuning.current_gpu()))
     over = config_override()
     if over:
         cfg.update(over)
@@ -114,8 +113,7 @@ def config_override() -> dict:
 
 @tuning.memo
 def _config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str]) -> dict:
-    from .tuning import lookup
-    t = lookup(FAMILY, (E, I, D, KT), bucket, gpu) if gpu is not None or tuning.overlay() else None
+    t = tuning.lookup(FAMILY, (E, I, D, KT), bucket, gpu) if gpu is not None or tuning.overlay() else None
     if t:
         cfg = {k: int(v) for k, v in t.items() if k in KNOBS}
         if "LPR" in cfg and "RT" in cfg:             # entries written before the knobs existed

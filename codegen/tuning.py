@@ -9,8 +9,8 @@ K3FUSE_TUNING_OVERLAY=PATH names a file in the same format whose bucket configs 
 key and one level into nested dicts, for any GPU (also one without a packaged table): a table of one's own GPU
 without editing the package, and how benchmarks/layer_ab.py A/Bs one kernel's config in the layer (--var
 K3FUSE_TUNING_OVERLAY=none,cand.json). Where the table has no entry for the bucket, the overlay's config is taken
-alone, so it should be complete for its family. Memos of table-derived answers (`memo`) are keyed by the overlay's
-path, so a process can switch it between compiles (an edit of the file in place is seen by unmemoised lookups only).
+alone, so it should be complete for its family. The file is read once per path, and memos of table-derived answers
+(`memo`) are keyed by the path: a process can switch files between compiles; an edit in place is not seen.
 """
 from __future__ import annotations
 
@@ -75,9 +75,11 @@ def memo(fn):
 
 
 @functools.lru_cache(maxsize=None)
-def _load_overlay(path: str, mtime: float) -> dict:
+def _load_overlay(path: str) -> dict:
     try:
         data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{OVERLAY_VAR}={path!r}: no such file") from None
     except (OSError, ValueError) as e:
         raise ValueError(f"{OVERLAY_VAR}={path!r}: not a readable JSON tuning table ({e})") from None
     entries = data.get("entries") if isinstance(data, dict) else None
@@ -89,15 +91,10 @@ def _load_overlay(path: str, mtime: float) -> dict:
 
 
 def overlay() -> dict:
-    """The entries of the K3FUSE_TUNING_OVERLAY file ('' or 'none': no overlay)."""
+    """The entries of the K3FUSE_TUNING_OVERLAY file ('' or 'none': no overlay), read once per path: lookups run on
+    the launch path (gemv.route per call), so no file system access there."""
     path = os.environ.get(OVERLAY_VAR, "")
-    if path in ("", "none"):
-        return {}
-    try:
-        mtime = os.path.getmtime(path)
-    except OSError:
-        raise ValueError(f"{OVERLAY_VAR}={path!r}: no such file") from None
-    return _load_overlay(path, mtime)
+    return {} if path in ("", "none") else _load_overlay(path)
 
 
 @contextlib.contextmanager

@@ -139,8 +139,9 @@ def test_joint_step_reaches_what_single_knobs_cannot():
     single = [("KS", (1, 2, 4)), ("LPR", (4, 8, 16))]
     assert mlt.descend(base, single, measure, lambda c: True)[0] == {}
     timed.clear()
-    joint = (("KS", "LPR"), [(k, l) for k in (1, 2, 4) for l in (4, 8, 16)])
-    best, trials = mlt.descend(base, single + [joint], measure, lambda c: True)
+    # the steps as main() builds them (--knobs KS,LPR --joint KS+LPR)
+    steps = mlt.moe_sweep.search_steps(knobs=single, joint=[("KS", "LPR")])
+    best, trials = mlt.descend(base, steps, measure, lambda c: True)
     assert best == {"KS": 4, "LPR": 8}
     jt = timed[4:]                                      # after the four one-knob candidates
     assert jt[0] == (2, 8) and (4, 8) in jt and all(k != 1 and l != 4 for k, l in jt)

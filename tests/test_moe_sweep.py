@@ -40,3 +40,6 @@ def test_search_steps_try_ks_and_lpr_together():
     assert (4, 8) in steps[-1][1] and len(steps[-1][1]) == len(v["KS"]) * len(v["LPR"])
     assert [n for n, _ in moe_sweep.search_steps(only={"KS", "LPR"})] == [("KS",), ("LPR",), ("KS", "LPR")]
     assert [n for n, _ in moe_sweep.search_steps(only={"SB"})] == [("SB",)]
+    # a joint group over a knob not among the single steps takes its values from KNOBS (moe_layer_tune --knobs KS)
+    steps = moe_sweep.search_steps(knobs=[("KS", (1, 2))], joint=[("KS", "LPR")])
+    assert steps == [(("KS",), [(1,), (2,)]), (("KS", "LPR"), [(k, l) for k in (1, 2) for l in v["LPR"]])]

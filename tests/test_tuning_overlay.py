@@ -18,13 +18,14 @@ def write(tmp_path, name, entries):
 
 def test_overlay_lays_configs_over_the_table(monkeypatch, tmp_path):
     tabled = gemv.config_for(N, K, 1, gpu="nvidia_h200")
+    other_bucket = gemv.config_for(N, K, 2, gpu="nvidia_h200")
     want = {"variant": "simt", "R": 4, "W": 4} if tabled != {"variant": "simt", "R": 4, "W": 4} else \
         {"variant": "simt", "R": 2, "W": 8}
     path = write(tmp_path, "o.json", {f"gemv:{N}x{K}": {"1": want}})
     monkeypatch.setenv(tuning.OVERLAY_VAR, path)
     assert gemv.config_for(N, K, 1, gpu="nvidia_h200") == want
     assert gemv.route(N, K, 1, gpu="nvidia_h200") == (want, "")
-    assert gemv.config_for(N, K, 2, gpu="nvidia_h200") == gemv.config_for(N, K, 2, gpu="nvidia_h200")  # other bucket
+    assert gemv.config_for(N, K, 2, gpu="nvidia_h200") == other_bucket            # a bucket the overlay does not name
     # a partial entry merges key by key over the table's: the MoE's KS alone, its other knobs stay the table's
     path2 = write(tmp_path, "o2.json", {f"moe_experts:{E}x{I}x{D}x{KT}": {"2": {"KS": 1}}})
     monkeypatch.setenv(tuning.OVERLAY_VAR, "none")
