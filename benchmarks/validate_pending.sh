@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s36            # one-launch MLA at TP16 M = 1, 2, 4 (A/B); MLA M = 1 row; rows at M = 2, 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s35            # untabled GEMV shapes (MLA group): tune, layer A/B via the overlay
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s34            # TP16 M = 1 rows with max-autotune; the up kernel's knobs in the layer; one-launch MLA
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s33            # s32's table A/Bs after the layer-key fix
@@ -611,6 +612,20 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s36 ]; then      # session 21: the one-launch MLA attention, default at TP16 M = 1 (ONE_BY_HEADS), A/B'd
+    # again at M = 1, 2, 4 (was it the MMA score step that made it pay?); its layer row (rel err, 9 kernels); the
+    # README rows at M = 2 and 4 (never measured)
+    ab_run mla_one_m124 170 --var K3FUSE_MLA_ONE_KERNEL=0,1 --kinds mla --tp 16 --ms 1,2,4 --pairs 12
+    timeout 70 python3 benchmarks/layer_bench.py --out "$L" --kinds mla --tp 16 --ms 1 --skip eager,inductor \
+        --tag _m1_tp16_one > "$L/lb_m1_tp16_one.txt" 2>&1
+    echo "layer MLA TP16 M=1 k3fuse (one-launch attention by default) rc=$?" | tee -a "$S"
+    sed -n '/^kind/,/^$/p' "$L/lb_m1_tp16_one.txt" | tee -a "$S"
+    grep -h '"k3fuse_rel_err"\|"k3fuse_kernels"' "$L/layer_bench_m1_tp16_one.json" | tee -a "$S"
+    timeout 240 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 2,4 --top 12 \
+        --tag _m24_tp16 > "$L/lb_m24_tp16.txt" 2>&1
+    echo "layer TP16 M=2,4 every backend rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m24_tp16.txt" | tee -a "$S"
+    cp "$L"/layer_bench_m1_tp16_one.json "$L"/layer_bench_m24_tp16.json "$L"/layer_bench_m24_tp16.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s36.tgz" -C "$L" .
 elif [ "$part" = s35 ]; then      # the GEMV shapes the H200 table lacks (`k3fuse kernels` manifest 'tuning': the MLA group at
     # TP16 / TP8 runs on the heuristic default): tuned standalone, then A/B'd in the layer through the overlay
     timeout 330 python3 benchmarks/gpu_kernels.py --out "$L/gk" --shapes 2880x7168,3648x7168 --ms 1,2,4,8 --tune \

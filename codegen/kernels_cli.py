@@ -264,11 +264,13 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             # the tile pipeline as the launcher takes it at a 1024-token context on 132 SMs (H100 / H200): where the
             # split grid fits one CTA per SM; other contexts may launch the same splits with the other choice
             ns = mla_attention.n_splits(b, PLAN_CONTEXT, PLAN_SMS)
+            splits = mla_attention.fit_splits(n, v, C, mla_attention.splits_for(b, h))
+            g = mla_attention.one_grid(b, h, ns, splits)    # the one-launch variant where the launcher takes it
+            g = g if groups == 1 and mla_attention.one_reason(b, v, splits, g, PLAN_SMS, h) is None else None
             pipe = mla_attention.pipe_for(b, h, mla_attention.mma_scores(mla_attention.padded_heads(h), r, C)) \
-                and b * ns <= PLAN_SMS
-            key = mla_attention.fit_splits(n, v, C, mla_attention.splits_for(b, h)) + (pipe,)
-            by_splits.setdefault(key, []).append(b)
-        for (qs, vs, pipe), bs in by_splits.items():
+                and (g or b * ns) <= PLAN_SMS
+            by_splits.setdefault(splits + (pipe, g), []).append(b)
+        for (qs, vs, pipe, g), bs in by_splits.items():
             # one head group: pass fuse_mla_append_and_gate's op (the cache append + output gate variant); more:
             # its CUDA impl falls back to the plain kernel per group (the append runs once, in ATen)
             fused = groups == 1
@@ -276,10 +278,11 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                              op="k3fuse::mla_append_attention_" if fused else "k3fuse::mla_attention",
                              shape=dict(h=h, n=n, v=v, r=r, C=C), bucket=bs[0],
                              config=dict(scale=(n + r) ** -0.5, splits=[qs, vs], buckets=bs, pipe=pipe,
+                                         **({"one_g": g} if g else {}),
                                          **({"append_eps": cfg.mla_lora_norm_eps, "gate": True, "out": "bfloat16"}
                                             if fused else {})),
                              name=f"mla_{'append_' if fused else ''}attention_h{h}_c{C}_qs{qs}_vs{vs}"
-                                  f"{'_pipe' if pipe else ''}",
+                                  f"{'_pipe' if pipe else ''}{f'_one{g}' if g else ''}",
                              **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp
@@ -337,7 +340,8 @@ def build_job(job: dict, arch: str):
         c = job["config"]
         return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
                                    splits=c["splits"], append_eps=c.get("append_eps"), gate=c.get("gate", False),
-                                   out_dtype=c.get("out", "float32"), pipe=c.get("pipe", False))
+                                   out_dtype=c.get("out", "float32"), pipe=c.get("pipe", False),
+                                   one_g=c.get("one_g"))
     if job["family"] == "moe_experts":
         from . import moe_experts
         s, c = job["shape"], job["config"]

@@ -17,8 +17,8 @@ TT = 64 compiles too but takes ~200 registers in the split kernel (one CTA per S
 Variants (session 15; the kernels are @cute.jit phase functions that each kernel calls):
 - PIPE (pipe_for): the split kernel's tile pipeline; 148 registers at h = 12 (182-186 with the MMA score step), so only
   where the split grid fits the SMs. Without it the MMA split kernel launches with min_blocks_per_mp = 2 (<= 128).
-- ONE (K3FUSE_MLA_ONE_KERNEL=1, opt-in): the three phases in one launch with two grid barriers. It was measured
-  slower.
+- ONE: the three phases in one launch with two grid barriers; the default where ONE_BY_HEADS says it was measured
+  faster (TP16 M = 1), K3FUSE_MLA_ONE_KERNEL=0 / 1 turns it off / on everywhere.
 - MMA (mma_scores; default since session 16, K3FUSE_MLA_MMA=0 turns it off): the score step on tensor cores.
   Measured 2026-12-02 (H200, layer_ab MLA + MoE): -1.1 / -2.9 us at TP16 M = 1 / 8, -3.4 / -10.3 at TP8.
 
@@ -268,21 +268,29 @@ def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
 
 
 # The one-launch variant (ONE in the template): qabsorb, split and combine as phases of one kernel of G resident CTAs
-# with two grid barriers, at M <= ONE_MAX_M; opt-in (K3FUSE_MLA_ONE_KERNEL=1): measured on the H200 (2026-12-02,
-# RESULTS.md "Session 15") slower than the three PDL-chained launches, whose launch boundaries cost about what a grid
-# barrier does: MLA layer TP16 +1.1 us at M = 1, +16 us at M = 8 (layer_ab.py); the three kernels alone (context
-# 1001, h = 6) 13.5 us vs 15.0-15.4 at M = 1, 22.2 vs 26.0-37.6 at M = 8 (mla_splits.py --one).
+# with two grid barriers, at M <= ONE_MAX_M. Session 15 (2026-12-02, before the MMA score step) measured it slower
+# than the three PDL-chained launches: MLA layer TP16 +1.1 us at M = 1, +16 us at M = 8 (layer_ab.py); the three
+# kernels alone (context 1001, h = 6) 13.5 us vs 15.0-15.4 at M = 1, 22.2 vs 26.0-37.6 at M = 8 (mla_splits.py
+# --one). Session 21 (2026-12-02, H200, with the MMA score step; layer_ab.py --var K3FUSE_MLA_ONE_KERNEL=0,1, MLA +
+# MoE, 12 ABBA pairs): TP16 (h = 6) M = 1 100.50 -> 99.62 us (-1.36 [-1.55, -0.49], 10 / 12 faster), TP8 (h = 12)
+# M = 1 135.48 -> 137.01 (+1.70, 0 / 12). Hence ONE_BY_HEADS: where it is the default.
+ONE_BY_HEADS = {6: (1,)}   # heads per rank -> batch buckets where the one launch is taken unless the knob says 0
 ONE_MAX_G = 128         # CTAs (<= the SM count: one CTA per SM always fits, ~70 KB of shared memory, 256 threads)
 ONE_MAX_M = 8
 ONE_TIMEOUT_MS = 100    # a barrier this late (CTAs not co-resident) is an error, not a hang
 ONE_SPIN_NS = 64        # sleep between polls of the arrival counter (as the one-launch fused_residual_norm)
 
 
-def one_enabled() -> bool:
-    """K3FUSE_MLA_ONE_KERNEL (default 0): 1 takes the one-launch variant where one_reason() allows it. Read at each
-    launch."""
+def one_choice() -> Optional[bool]:
+    """K3FUSE_MLA_ONE_KERNEL: 1 takes the one-launch variant wherever one_reason() allows it, 0 never; unset (or
+    'auto') the measured rule, ONE_BY_HEADS. Read at each launch."""
     import os
-    return os.environ.get("K3FUSE_MLA_ONE_KERNEL", "0") == "1"
+    v = os.environ.get("K3FUSE_MLA_ONE_KERNEL", "").strip().lower()
+    if v in ("", "auto"):
+        return None
+    if v not in ("0", "1"):
+        raise ValueError(f"K3FUSE_MLA_ONE_KERNEL={v!r}: 0, 1 or auto")
+    return v == "1"
 
 
 def one_prefetch() -> bool:
@@ -309,10 +317,15 @@ def one_ok(v: int, splits, G: int) -> Optional[str]:
     return None
 
 
-def one_reason(M: int, v: int, splits, G: int, sms: int) -> Optional[str]:
-    """None if this launch takes the one-launch variant, else why it takes three."""
-    if not one_enabled():
-        return "K3FUSE_MLA_ONE_KERNEL is not 1"
+def one_reason(M: int, v: int, splits, G: int, sms: int, h: Optional[int] = None) -> Optional[str]:
+    """None if this launch takes the one-launch variant, else why it takes three. h: heads per rank, for the
+    measured rule (ONE_BY_HEADS) when the knob is unset."""
+    from .buckets import bucket_for
+    choice = one_choice()
+    if choice is False:
+        return "K3FUSE_MLA_ONE_KERNEL=0"
+    if choice is None and bucket_for(M) not in ONE_BY_HEADS.get(h, ()):
+        return f"h = {h}, M = {M}: three launches measured faster (ONE_BY_HEADS; K3FUSE_MLA_ONE_KERNEL=1 forces one)"
     if M > ONE_MAX_M:
         return f"M = {M} > {ONE_MAX_M}"
     if sms < G:
@@ -427,7 +440,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
         raise ValueError(f"{ns} KV splits (the combine kernel takes 1..{MAX_SPLITS})")
     G = one_grid(M, h, ns, splits)
     if one is None:
-        one = one_reason(M, v, splits, G, sms) is None
+        one = one_reason(M, v, splits, G, sms, h) is None
     G = G if one else None
     # the pipeline's registers (148 at h = 12, 182-186 with MMA scores, against <= 128 without) leave one CTA per
     # SM: where the grid fits

@@ -404,11 +404,21 @@ def test_mla_one_launch_compiles(arch, h, G, append, isolated_kernel_cache):
 
 
 def test_mla_one_launch_grid_and_reasons(monkeypatch):
-    """one_grid: the largest phase's items rounded up to a power of two, at most ONE_MAX_G; one_reason: the knob, M,
-    the SM count and the combine's warp tiling, each with its reason; the fallback keeps three launches."""
+    """one_grid: the largest phase's items rounded up to a power of two, at most ONE_MAX_G; one_reason: the knob
+    (unset: the measured rule ONE_BY_HEADS), M, the SM count and the combine's warp tiling, each with its reason; the
+    fallback keeps three launches."""
     monkeypatch.delenv("K3FUSE_MLA_ONE_KERNEL", raising=False)
-    assert ma.one_reason(1, 128, (8, 8), 64, 132) == "K3FUSE_MLA_ONE_KERNEL is not 1"   # opt-in
+    assert ma.ONE_BY_HEADS == {6: (1,)}                 # TP16 M = 1 measured faster (session 21), TP8 slower
+    assert ma.one_reason(1, 128, (8, 8), 64, 132, 6) is None
+    assert "ONE_BY_HEADS" in ma.one_reason(1, 128, (8, 8), 128, 132, 12)
+    assert "ONE_BY_HEADS" in ma.one_reason(2, 128, (8, 8), 64, 132, 6)
+    monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "auto")
+    assert ma.one_reason(1, 128, (8, 8), 64, 132, 6) is None
+    monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "yes")
+    with pytest.raises(ValueError, match="0, 1 or auto"):
+        ma.one_reason(1, 128, (8, 8), 64, 132, 6)
     monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "1")
+    assert ma.one_reason(2, 128, (8, 8), 64, 132, 12) is None       # forced wherever it applies
     assert ma.one_grid(1, 6, 32, (8, 8)) == 64          # qabsorb 6 x 8 = combine 6 x 8 = 48 items, split 32
     assert ma.one_grid(1, 6, 16, (1, 1)) == 16
     assert ma.one_grid(1, 12, 32, (8, 8)) == 128        # 96 items
@@ -420,7 +430,7 @@ def test_mla_one_launch_grid_and_reasons(monkeypatch):
     assert "multiple of 8" in ma.one_reason(1, 128, (8, 32), 64, 132)
     assert "power of two" in ma.one_ok(128, (8, 8), 96)
     monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "0")
-    assert ma.one_reason(1, 128, (8, 8), 64, 132) == "K3FUSE_MLA_ONE_KERNEL is not 1"
+    assert ma.one_reason(1, 128, (8, 8), 64, 132, 6) == "K3FUSE_MLA_ONE_KERNEL=0"
     with pytest.raises(ValueError, match="multiple of 8"):
         ma.render_source(6, **K3, scale=SCALE, splits=(8, 32), one_g=64)
 
