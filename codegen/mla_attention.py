@@ -17,8 +17,8 @@ TT = 64 compiles too but takes ~200 registers in the split kernel (one CTA per S
 Variants (session 15; the kernels are @cute.jit phase functions that each kernel calls):
 - PIPE (pipe_for): the split kernel's tile pipeline; 148 registers at h = 12 (182-186 with the MMA score step), so only
   where the split grid fits the SMs. Without it the MMA split kernel launches with min_blocks_per_mp = 2 (<= 128).
-- ONE: the three phases in one launch with two grid barriers; the default where ONE_BY_HEADS says it was measured
-  faster (TP16 M = 1), K3FUSE_MLA_ONE_KERNEL=0 / 1 turns it off / on everywhere.
+- ONE: the three phases in one launch with two grid barriers; the default only where ONE_BY_HEADS lists it (nowhere:
+  not measured faster, see there), K3FUSE_MLA_ONE_KERNEL=0 / 1 turns it off / on everywhere.
 - MMA (mma_scores; default since session 16, K3FUSE_MLA_MMA=0 turns it off): the score step on tensor cores.
   Measured 2026-12-02 (H200, layer_ab MLA + MoE): -1.1 / -2.9 us at TP16 M = 1 / 8, -3.4 / -10.3 at TP8.
 
@@ -273,8 +273,11 @@ def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
 # kernels alone (context 1001, h = 6) 13.5 us vs 15.0-15.4 at M = 1, 22.2 vs 26.0-37.6 at M = 8 (mla_splits.py
 # --one). Session 21 (2026-12-02, H200, with the MMA score step; layer_ab.py --var K3FUSE_MLA_ONE_KERNEL=0,1, MLA +
 # MoE, 12 ABBA pairs): TP16 (h = 6) M = 1 100.50 -> 99.62 us (-1.36 [-1.55, -0.49], 10 / 12 faster), TP8 (h = 12)
-# M = 1 135.48 -> 137.01 (+1.70, 0 / 12). Hence ONE_BY_HEADS: where it is the default.
-ONE_BY_HEADS = {6: (1,)}   # heads per rank -> batch buckets where the one launch is taken unless the knob says 0
+# M = 1 135.48 -> 137.01 (+1.70, 0 / 12). Checked again in the next call (TP16, 12 pairs): M = 1 93.71 -> 94.96
+# (+1.64 [+0.93, +2.36], 3 / 12), M = 2 +0.04 (4 / 12), M = 4 +2.59 (0 / 12). So at TP16 M = 1 the sign flips between
+# processes (-1.36, +1.64; session 15 +1.1): no measured gain, and three launches stay the default everywhere.
+# ONE_BY_HEADS: heads per rank -> batch buckets where the one launch is the default (K3FUSE_MLA_ONE_KERNEL unset).
+ONE_BY_HEADS: dict = {}
 ONE_MAX_G = 128         # CTAs (<= the SM count: one CTA per SM always fits, ~70 KB of shared memory, 256 threads)
 ONE_MAX_M = 8
 ONE_TIMEOUT_MS = 100    # a barrier this late (CTAs not co-resident) is an error, not a hang
