@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s37            # one-launch fused_residual_norm at M = 2..4: GPU tests, memcheck, layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s36            # one-launch MLA at TP16 M = 1, 2, 4 (A/B); MLA M = 1 row; rows at M = 2, 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s35            # untabled GEMV shapes (MLA group): tune, layer A/B via the overlay
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s34            # TP16 M = 1 rows with max-autotune; the up kernel's knobs in the layer; one-launch MLA
@@ -612,6 +613,12 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s37 ]; then      # session 21: the one-launch fused_residual_norm at M = 2..4 (buckets 2, 4; was M = 1 only)
+    pytests frn_one 220 tests/test_kernels_gpu.py -k "one_kernel"
+    memcheck frn_one_mc 110 tests/test_kernels_gpu.py -k "one_kernel_rows and 384 and 4"
+    # KDA TP16 M = 2 profile: 11 kernels with two launches per fused_residual_norm; prediction: 9, -2..-5 us per layer
+    ab_run frn_one_m 250 --var K3FUSE_FRN_ONE_MAX_M=1,4 --kinds kda,mla --tp 16,8 --ms 2,4 --pairs 8
+    tar czf "$OUT/logs_s37.tgz" -C "$L" .
 elif [ "$part" = s36 ]; then      # session 21: the one-launch MLA attention, default at TP16 M = 1 (ONE_BY_HEADS), A/B'd
     # again at M = 1, 2, 4 (was it the MMA score step that made it pay?); its layer row (rel err, 9 kernels); the
     # README rows at M = 2 and 4 (never measured)

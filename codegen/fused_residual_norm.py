@@ -1,6 +1,6 @@
 """Kernel family: k3fuse::fused_residual_norm (o_proj + [all-reduce] + AttnRes prefix update + mix + RMSNorm).
 
-At M = 1 without a group (one_kernel_reason() is None): ONE launch, templates/fused_residual_norm_onekernel.py.jinja
+At M <= 4 (K3FUSE_FRN_ONE_MAX_M) without a group (one_kernel_reason() is None): ONE launch, templates/fused_residual_norm_onekernel.py.jinja
 (the projection, then a grid barrier, then the mix-norm of y in the same CTAs). Otherwise two launches on the
 current stream:
   1. the o_proj GEMV (family gemv; tuned per shape and bucket, or cuBLAS where the table says it is faster),
@@ -149,12 +149,15 @@ def mix_norm(y, addend, prefix, blocks, w_mix, norm_w, mix_eps, norm_eps, fp32_n
     return out, new_prefix
 
 
-# ------------------------------------------------------------------------------------------- one launch, M = 1
+# ------------------------------------------------------------------------------------------ one launch, M <= 4
 ONE_TEMPLATE = "fused_residual_norm_onekernel.py.jinja"
 ONE_G = 128             # CTAs of the one-launch kernel: all resident at once (<= the SMs of an H100 / H200 / B200);
                         # a power of two (the barrier's wrap-safe bit arithmetic)
 ONE_W = 8               # warps per CTA
-ONE_ACC = 64            # floats per accumulator set (scores + Gram terms: 9 + 45 at 8 blocks)
+ONE_ACC = 64            # floats per row of an accumulator set (scores + Gram terms: 9 + 45 at 8 blocks)
+ONE_MAX_BM = 4          # the largest batch bucket of the one-launch kernel: its rows' statistics (<= 54 each) fit
+                        # the 256 threads' final sums; the accumulator sets are sized for it
+ONE_ACCT = ONE_ACC * ONE_MAX_BM     # floats per accumulator set, shared by every launch on the device
 ONE_MAX_K = 1536        # measured at K = 384 / 768 (TP16), tested at 1536 (TP8); wider (TP <= 4) keeps two launches
 ONE_TIMEOUT_MS = 100     # a barrier this late (CTAs not co-resident) is an error, not a hang
 
@@ -177,13 +180,27 @@ def one_kernel_enabled() -> bool:
     return os.environ.get("K3FUSE_FRN_ONE_KERNEL", "1") != "0"
 
 
+def one_max_m() -> int:
+    """K3FUSE_FRN_ONE_MAX_M (1, 2 or 4; default 4): the largest batch that takes the one-launch kernel (its bucket's
+    rows share one pass over the weights and one grid barrier). Read at each launch."""
+    v = int(os.environ.get("K3FUSE_FRN_ONE_MAX_M", "4") or 4)
+    if v not in (1, 2, 4):
+        raise ValueError(f"K3FUSE_FRN_ONE_MAX_M={v}: 1, 2 or 4 (<= ONE_MAX_BM = {ONE_MAX_BM})")
+    return v
+
+
+def one_bucket(M: int) -> int:
+    """The one-launch kernel's batch bucket for M (1, 2 or 4): rows M .. bucket - 1 are predicated off."""
+    return 1 if M <= 1 else 2 if M <= 2 else 4
+
+
 def one_kernel_reason(M: int, H: int, K: int, nb: int, has_norm: bool, group_name: str, sms: Optional[int]
                       ) -> Optional[str]:
     """None where the one-launch kernel applies (shapes only), else why the two launches run."""
     if not one_kernel_enabled():
         return "K3FUSE_FRN_ONE_KERNEL=0"
-    if M != 1:
-        return f"M = {M} (one launch at M = 1)"
+    if M > one_max_m():
+        return f"M = {M} > {one_max_m()} (K3FUSE_FRN_ONE_MAX_M)"
     if group_name:
         return "an all-reduce between the GEMV and the mix-norm"
     if not has_norm:
@@ -200,23 +217,27 @@ def one_kernel_reason(M: int, H: int, K: int, nb: int, has_norm: bool, group_nam
     return None
 
 
-def one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair) -> dict:
+def one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair, bm: int = 1) -> dict:
+    if bm not in (1, 2, 4):
+        raise ValueError(f"one-launch fused_residual_norm: bucket {bm} (1, 2 or 4)")
     return dict(H=H, K=K, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), FP32_NORM=bool(fp32_norm),
                 MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)), WM_PAIR=bool(wm_pair), G=ONE_G,
-                W=ONE_W, RPW=H // (ONE_G * ONE_W), ITERS=-(-(K // 8) // 32), ACC=ONE_ACC, TIMEOUT_MS=ONE_TIMEOUT_MS,
-                SPIN_NS=one_spin_ns(), LEAN=one_lean_tail())
+                W=ONE_W, RPW=H // (ONE_G * ONE_W), ITERS=-(-(K // 8) // 32), ACC=ONE_ACC, ACCT=ONE_ACCT, BM=bm,
+                TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=one_spin_ns(), LEAN=one_lean_tail())
 
 
 def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_eps=1e-5, norm_eps=1e-5,
-              wm_pair=False, arch: Optional[str] = None, load: bool = True):
+              wm_pair=False, arch: Optional[str] = None, load: bool = True, bm: int = 1):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = ("one", H, K, nb, bool(has_addend), bool(has_prefix), bool(fp32_norm), float(mix_eps), float(norm_eps),
-            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail())
+            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), bm)
     if memo in _built:
         return _built[memo]
-    src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair))
+    src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair,
+                                            bm))
     meta = dict(family=FAMILY, op="k3fuse::fused_residual_norm", part="one_kernel", shape=dict(H=H, K=K, blocks=nb),
+                bucket=bm,
                 flags=dict(addend=has_addend, prefix=has_prefix, fp32_norm=fp32_norm, wm_pair=bool(wm_pair)),
                 template=ONE_TEMPLATE)
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
@@ -227,13 +248,13 @@ _one_state: dict = {}
 
 
 def one_state(device):
-    """(accumulators fp32 [2 * ONE_ACC], counter int32 [2]: arrivals, barrier timeouts) of the device's one-launch
+    """(accumulators fp32 [2 * ONE_ACCT], counter int32 [2]: arrivals, barrier timeouts) of the device's one-launch
     kernels. Shared by every such launch on the device: they must run one after another (one stream). Other work
     holding SMs only delays the barrier; where another tenant can hold SMs for long (MPS), K3FUSE_FRN_ONE_KERNEL=0."""
     import torch
     st = _one_state.get(device)
     if st is None:
-        st = _one_state[device] = (torch.zeros(2 * ONE_ACC, dtype=torch.float32, device=device),
+        st = _one_state[device] = (torch.zeros(2 * ONE_ACCT, dtype=torch.float32, device=device),
                                    torch.zeros(2, dtype=torch.int32, device=device))
     return st
 
@@ -259,7 +280,7 @@ def fused_residual_norm_one(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_e
     M, H = o.shape[0], w_o.shape[0]
     pair = w_mix_scale is not None
     k = build_one(H, o.shape[1], len(blocks), addend is not None, prefix is not None, fp32_norm, mix_eps, norm_eps,
-                  pair)
+                  pair, bm=one_bucket(M))
     out = out if out is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
     new_prefix = new_prefix if new_prefix is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
     acc, ctr = one_state(o.device)

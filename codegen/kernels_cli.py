@@ -188,25 +188,28 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                                              mix_eps=cfg.attn_res_eps, norm_eps=cfg.rms_norm_eps,
                                              wm_pair=True),     # AttnRes's two weight factors (the pass)
                                  name=f"mixnorm_h{H}_nb{nb}{'_add' if addend else ''}{'' if prefix else '_restart'}"))
-    # at M = 1 without an all-reduce (TP = 1) the projection + mix-norm are one launch (fused_residual_norm_onekernel)
-    # where one_kernel_reason allows (K3's TP = 1 widths do not: K > ONE_MAX_K; the per-rank widths on one GPU of
-    # benchmarks/layer_bench.py do)
-    if tp == 1 and 1 in buckets:
+    # at M <= 4 without an all-reduce (TP = 1) the projection + mix-norm are one launch (fused_residual_norm_onekernel,
+    # one kernel per bucket 1 / 2 / 4) where one_kernel_reason allows (K3's TP = 1 widths do not: K > ONE_MAX_K; the
+    # per-rank widths on one GPU of benchmarks/layer_bench.py do)
+    one_buckets = sorted({frn.one_bucket(b) for b in buckets if b <= frn.ONE_MAX_BM})
+    if tp == 1 and one_buckets:
         for name, addend in (("attn.o_proj", False), ("shared.down", True), ("dense.down", False)):
             _, K = shapes[name]
-            why = frn.one_kernel_reason(1, H, K, 0, True, "", None)
-            if why:
-                skipped.append(dict(op="k3fuse::fused_residual_norm", name=name, shape=dict(H=H, K=K), bucket=1,
-                                    reason=f"one launch: {why}"))
-                continue
-            for prefix in (True, False):
-                for nb in range(0 if prefix else 1, nb_max + 1):
-                    jobs.append(dict(family="fused_residual_norm", op="k3fuse::fused_residual_norm", uses=[name],
-                                     shape=dict(H=H, K=K, blocks=nb), bucket=1,
-                                     config=dict(addend=addend, prefix=prefix, norm=True, one_kernel=True,
-                                                 fp32_norm=cfg.attn_res_mix_fp32_norm, mix_eps=cfg.attn_res_eps,
-                                                 norm_eps=cfg.rms_norm_eps, wm_pair=True),
-                                     name=f"frn1_{name.replace('.', '_')}_k{K}_nb{nb}{'' if prefix else '_restart'}"))
+            for b in one_buckets:
+                why = frn.one_kernel_reason(b, H, K, 0, True, "", None)
+                if why:
+                    skipped.append(dict(op="k3fuse::fused_residual_norm", name=name, shape=dict(H=H, K=K), bucket=b,
+                                        reason=f"one launch: {why}"))
+                    continue
+                for prefix in (True, False):
+                    for nb in range(0 if prefix else 1, nb_max + 1):
+                        jobs.append(dict(family="fused_residual_norm", op="k3fuse::fused_residual_norm", uses=[name],
+                                         shape=dict(H=H, K=K, blocks=nb), bucket=b,
+                                         config=dict(addend=addend, prefix=prefix, norm=True, one_kernel=True,
+                                                     fp32_norm=cfg.attn_res_mix_fp32_norm, mix_eps=cfg.attn_res_eps,
+                                                     norm_eps=cfg.rms_norm_eps, wm_pair=True),
+                                         name=f"frn1_{name.replace('.', '_')}_k{K}_nb{nb}{'' if prefix else '_restart'}"
+                                              f"{f'_b{b}' if b > 1 else ''}"))
     jobs.append(dict(family="prefetch_l2", op="k3fuse::prefetch_l2", shape={}, bucket=None, config={},
                      name="prefetch_l2"))
     # in-kernel collectives over peer buffers (K3FUSE_INKERNEL_COLLECTIVES=1), for 2 <= TP <= 8
@@ -321,7 +324,7 @@ def build_job(job: dict, arch: str):
     if job["family"] == "fused_residual_norm" and job["config"].get("one_kernel"):
         c, sh = job["config"], job["shape"]
         return frn.build_one(sh["H"], sh["K"], sh["blocks"], c["addend"], c["prefix"], c["fp32_norm"], c["mix_eps"],
-                             c["norm_eps"], c["wm_pair"], arch=arch, load=False)
+                             c["norm_eps"], c["wm_pair"], arch=arch, load=False, bm=job["bucket"])
     if job["family"] == "fused_residual_norm":
         c = job["config"]
         return frn.build_mix_norm(job["shape"]["H"], job["shape"]["blocks"], c["addend"], c["prefix"], c["norm"],

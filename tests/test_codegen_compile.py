@@ -117,24 +117,27 @@ def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("K,nb,addend,prefix,pair", [(768, 2, False, True, True), (384, 8, True, True, True),
-                                                     (1536, 0, True, False, False)])
-def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pair, monkeypatch):
-    """The one-launch kernel (M = 1): its weight and x loads 128-bit, ITERS x (RPW + 1) of them, all before the PDL
-    trigger and after the wait; the column's sources loaded before the main loop; one fp32 reduction into the
-    accumulators, one release arrival, one acquire poll with a nanosleep, no local memory; 128 CTAs x 8 warps x 7 rows
-    = 7168."""
+@pytest.mark.parametrize("K,nb,addend,prefix,pair,bm", [(768, 2, False, True, True, 1), (384, 8, True, True, True, 1),
+                                                        (1536, 0, True, False, False, 1),
+                                                        (768, 2, False, True, True, 2), (384, 8, True, True, True, 4),
+                                                        (1536, 5, True, True, False, 4)])
+def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pair, bm, monkeypatch):
+    """The one-launch kernel (bucket bm = 1, 2, 4): its weight and x loads 128-bit, ITERS x (RPW + bm) of them (the
+    weights once for all rows), all before the PDL trigger and after the wait; the columns' sources of every row
+    loaded before the main loop; one fp32 reduction into the accumulators, one release arrival, one acquire poll with
+    a nanosleep, no local memory (bm = 4 at 8 blocks: 4 x 54 statistics); 128 CTAs x 8 warps x 7 rows = 7168."""
     monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
-    k = frn.build_one(7168, K, nb, addend, prefix, False, 1e-6, 1e-5, pair, arch=arch, load=False)
+    k = frn.build_one(7168, K, nb, addend, prefix, False, 1e-6, 1e-5, pair, arch=arch, load=False, bm=bm)
     ptx = ptx_of(k)
     v4 = [m.start() for m in re.finditer(r"ld\.global(?:\.[a-z0-9:_]+)*\.v4\.", ptx)]
     iters = -(-(K // 8) // 32)
-    assert len(v4) == iters * (7 + 1) and "RPW = 7" in k.source and "G = 128" in k.source
+    assert len(v4) == iters * (7 + bm) and "RPW = 7" in k.source and "G = 128" in k.source
+    assert f"BM = {bm} " in k.source and f"ACCT = {frn.ONE_ACCT} " in k.source
     wait, trig = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
     first = min(m.start() for m in re.finditer(r"\b(?:ld|st|red|atom)\.", ptx[wait:])) + wait if wait >= 0 else -1
     assert 0 <= wait < first and max(v4) < trig
     scalar = [m.start() for m in re.finditer(r"ld\.global(?:\.nc)?\.[bu]16", ptx)]
-    assert len(scalar) == nb + addend + prefix + (2 if pair else 0) + 1 and max(scalar) < min(v4)
+    assert len(scalar) == bm * (nb + addend + prefix) + (2 if pair else 0) + 1 and max(scalar) < min(v4)
     assert ptx.count("red.relaxed.gpu.global.add.f32") == 1 and ptx.count("red.release.gpu.global.add.s32") == 1
     assert ptx.count("ld.acquire.gpu.global") == 1 and ptx.count("nanosleep") == 1
     assert "ld.local" not in ptx and "st.local" not in ptx
@@ -179,10 +182,13 @@ def test_fused_residual_norm_one_kernel_lean_tail_compiles(arch, monkeypatch):
 
 
 def test_fused_residual_norm_one_kernel_reason():
-    """Where the one launch applies: M = 1, no all-reduce, a norm, 7168 outputs, <= 8 blocks, >= 128 SMs, knob on."""
+    """Where the one launch applies: M <= 4, no all-reduce, a norm, 7168 outputs, <= 8 blocks, >= 128 SMs, knob on."""
     assert frn.one_kernel_reason(1, 7168, 768, 2, True, "", 132) is None
     assert frn.one_kernel_reason(1, 7168, 384, 8, True, "", None) is None
-    assert "M = 2" in frn.one_kernel_reason(2, 7168, 768, 2, True, "", 132)
+    assert frn.one_kernel_reason(3, 7168, 384, 8, True, "", 132) is None
+    assert frn.one_kernel_reason(4, 7168, 768, 2, True, "", 132) is None
+    assert "M = 5 > 4" in frn.one_kernel_reason(5, 7168, 768, 2, True, "", 132)
+    assert [frn.one_bucket(m) for m in (1, 2, 3, 4)] == [1, 2, 4, 4]
     assert "all-reduce" in frn.one_kernel_reason(1, 7168, 768, 2, True, "tp", 132)
     assert "RMSNorm" in frn.one_kernel_reason(1, 7168, 768, 2, False, "", 132)
     assert "H = 64" in frn.one_kernel_reason(1, 64, 32, 2, True, "", 132)
@@ -192,6 +198,13 @@ def test_fused_residual_norm_one_kernel_reason():
 
 
 def test_fused_residual_norm_one_kernel_knob(monkeypatch):
+    monkeypatch.setenv("K3FUSE_FRN_ONE_MAX_M", "1")
+    assert "M = 2 > 1" in frn.one_kernel_reason(2, 7168, 768, 2, True, "", 132)
+    assert frn.one_kernel_reason(1, 7168, 768, 2, True, "", 132) is None
+    monkeypatch.setenv("K3FUSE_FRN_ONE_MAX_M", "8")
+    with pytest.raises(ValueError, match="1, 2 or 4"):
+        frn.one_kernel_reason(2, 7168, 768, 2, True, "", 132)
+    monkeypatch.delenv("K3FUSE_FRN_ONE_MAX_M")
     monkeypatch.setenv("K3FUSE_FRN_ONE_KERNEL", "0")
     assert "K3FUSE_FRN_ONE_KERNEL=0" in frn.one_kernel_reason(1, 7168, 768, 2, True, "", 132)
 

@@ -204,6 +204,61 @@ def test_fused_residual_norm_one_kernel(K, nb, addend, prefix, fp32, pair, monke
     assert rel(one, out) < 1e-2
 
 
+@pytest.mark.parametrize("M", [2, 3, 4])
+@pytest.mark.parametrize("K,nb,addend,prefix,fp32,pair", [(768, 2, False, True, False, True),
+                                                          (384, 8, True, True, False, True),
+                                                          (1536, 5, False, True, True, False)])
+def test_fused_residual_norm_one_kernel_rows(M, K, nb, addend, prefix, fp32, pair, monkeypatch):
+    """M = 2..4: the one launch's bucket 2 / 4 (rows past M predicated off), each row's statistics its own. Launches
+    at M, then 1, then M again on one accumulator state (the sets alternate by parity and are zeroed whole, so a
+    bucket-4 launch after a bucket-1 one starts from zeros), then CUDA-graph replays with poisoned outputs: normed and
+    new prefix against the reference (rel < 1e-2), no barrier timeout; the same answers as the two-launch path
+    (K3FUSE_FRN_ONE_MAX_M=1)."""
+    from k3fuse import ops
+    from k3fuse.codegen import fused_residual_norm as frn
+    H = 7168
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert frn.one_kernel_reason(M, H, K, nb, True, "", sms) is None
+    wa, wb = (bf(H, scale=0.5) + 1, bf(H, scale=0.005)) if pair else (torch.randn(H, device="cuda") * 0.05, None)
+    wref = wa.float() * wb.float() if pair else wa
+    norm_w = bf(H, scale=0.5) + 1
+    _, ctr = frn.one_state(torch.device("cuda", 0))
+
+    def case(m):
+        o, w_o, a, p, blocks_buf, blocks, _, _ = frn_inputs(m, nb, addend, prefix, K=K)
+        out = torch.empty((m, H), device="cuda", dtype=torch.bfloat16)
+        newp = torch.empty((m, H), device="cuda", dtype=torch.bfloat16)
+
+        def body():
+            frn.fused_residual_norm(o, w_o, a, p, blocks, wa, norm_w, 1e-6, 1e-5, "", fp32, out=out,
+                                    new_prefix=newp, w_mix_scale=wb)
+
+        def refill():
+            frn_refill(o, blocks_buf, a, p)
+
+        def check():
+            rn, rp = ops.fused_residual_norm._init_fn(o, w_o, a, p, blocks, wref, norm_w, 1e-6, 1e-5, "", fp32)
+            assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
+            assert frn.one_kernel_errors(o.device) == 0 and ctr[0].item() % frn.ONE_G == 0
+        return body, refill, check, out, newp
+    cases = {m: case(m) for m in (M, 1)}
+    for m in (M, 1, M, M):
+        body, refill, check, out, newp = cases[m]
+        refill()
+        out.fill_(float("nan"))
+        newp.fill_(float("nan"))
+        body()
+        torch.cuda.synchronize()
+        check()
+    assert any(key[0] == "one" and key[-1] == frn.one_bucket(M) for key in frn._built)
+    body, refill, check, out, newp = cases[M]
+    graph_replays_poisoned(body, refill, [out, newp], check)
+    one = out.clone()
+    monkeypatch.setenv("K3FUSE_FRN_ONE_MAX_M", "1")
+    body()
+    assert rel(one, out) < 1e-2
+
+
 @pytest.mark.parametrize("M", [1, 8, 64])
 def test_fused_residual_norm_weight_pair(M):
     """w_mix given as its two bf16 factors (pass fuse_attn_out_allreduce_attnres_norm: res_norm.weight and
