@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s38            # the one launch's statistics on the column warps only: A/B at M = 1, 2, 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s37            # one-launch fused_residual_norm at M = 2..4: GPU tests, memcheck, layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s36            # one-launch MLA at TP16 M = 1, 2, 4 (A/B); MLA M = 1 row; rows at M = 2, 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s35            # untabled GEMV shapes (MLA group): tune, layer A/B via the overlay
@@ -613,6 +614,13 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s38 ]; then      # session 21: s37 found the one launch slower at M = 2, 4 (+5.8 / +11 us per layer): the
+    # statistics' warp shuffles, reduced by all 8 warps while 2 hold columns. Now only those 2 reduce.
+    pytests frn_one 220 tests/test_kernels_gpu.py -k "one_kernel"
+    # prediction: M = 1 -1..-2 us per layer (the 6 idle warps' ~1600 shuffles per SM, twice per layer)
+    ab_run frn_stat 150 --var K3FUSE_FRN_STAT_ALL_WARPS=1,0 --kinds kda,mla --tp 16,8 --ms 1 --pairs 10
+    ab_run frn_one_m2 150 --var K3FUSE_FRN_ONE_MAX_M=1,4 --kinds kda,mla --tp 16,8 --ms 2,4 --pairs 8
+    tar czf "$OUT/logs_s38.tgz" -C "$L" .
 elif [ "$part" = s37 ]; then      # session 21: the one-launch fused_residual_norm at M = 2..4 (buckets 2, 4; was M = 1 only)
     pytests frn_one 220 tests/test_kernels_gpu.py -k "one_kernel"
     memcheck frn_one_mc 110 tests/test_kernels_gpu.py -k "one_kernel_rows and 384 and 4"
