@@ -1,6 +1,6 @@
 """Kernel family: k3fuse::fused_residual_norm (o_proj + [all-reduce] + AttnRes prefix update + mix + RMSNorm).
 
-At M <= 4 (K3FUSE_FRN_ONE_MAX_M) without a group (one_kernel_reason() is None): ONE launch, templates/fused_residual_norm_onekernel.py.jinja
+At M = 1 (M <= 4 with K3FUSE_FRN_ONE_MAX_M=4) without a group (one_kernel_reason() is None): ONE launch, templates/fused_residual_norm_onekernel.py.jinja
 (the projection, then a grid barrier, then the mix-norm of y in the same CTAs). Otherwise two launches on the
 current stream:
   1. the o_proj GEMV (family gemv; tuned per shape and bucket, or cuBLAS where the table says it is faster),
@@ -187,10 +187,13 @@ def one_kernel_enabled() -> bool:
     return os.environ.get("K3FUSE_FRN_ONE_KERNEL", "1") != "0"
 
 
+ONE_MAX_M_DEFAULT = 1   # the one launch at M = 2..4 measured slower (session 21, RESULTS.md): opt-in
+
+
 def one_max_m() -> int:
-    """K3FUSE_FRN_ONE_MAX_M (1, 2 or 4; default 4): the largest batch that takes the one-launch kernel (its bucket's
-    rows share one pass over the weights and one grid barrier). Read at each launch."""
-    v = int(os.environ.get("K3FUSE_FRN_ONE_MAX_M", "4") or 4)
+    """K3FUSE_FRN_ONE_MAX_M (1, 2 or 4; default ONE_MAX_M_DEFAULT): the largest batch that takes the one-launch
+    kernel (its bucket's rows share one pass over the weights and one grid barrier). Read at each launch."""
+    v = int(os.environ.get("K3FUSE_FRN_ONE_MAX_M", "") or ONE_MAX_M_DEFAULT)
     if v not in (1, 2, 4):
         raise ValueError(f"K3FUSE_FRN_ONE_MAX_M={v}: 1, 2 or 4 (<= ONE_MAX_BM = {ONE_MAX_BM})")
     return v

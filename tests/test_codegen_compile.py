@@ -183,14 +183,19 @@ def test_fused_residual_norm_one_kernel_lean_tail_compiles(arch, monkeypatch):
     assert "ld.local" not in p1
 
 
-def test_fused_residual_norm_one_kernel_reason():
-    """Where the one launch applies: M <= 4, no all-reduce, a norm, 7168 outputs, <= 8 blocks, >= 128 SMs, knob on."""
+def test_fused_residual_norm_one_kernel_reason(monkeypatch):
+    """Where the one launch applies: M <= one_max_m(), no all-reduce, a norm, 7168 outputs, <= 8 blocks, >= 128 SMs,
+    knob on."""
+    monkeypatch.setenv("K3FUSE_FRN_ONE_MAX_M", "4")
     assert frn.one_kernel_reason(1, 7168, 768, 2, True, "", 132) is None
     assert frn.one_kernel_reason(1, 7168, 384, 8, True, "", None) is None
     assert frn.one_kernel_reason(3, 7168, 384, 8, True, "", 132) is None
     assert frn.one_kernel_reason(4, 7168, 768, 2, True, "", 132) is None
     assert "M = 5 > 4" in frn.one_kernel_reason(5, 7168, 768, 2, True, "", 132)
     assert [frn.one_bucket(m) for m in (1, 2, 3, 4)] == [1, 2, 4, 4]
+    monkeypatch.delenv("K3FUSE_FRN_ONE_MAX_M")
+    assert f"M = 2 > {frn.ONE_MAX_M_DEFAULT}" in frn.one_kernel_reason(2, 7168, 768, 2, True, "", 132) \
+        if frn.ONE_MAX_M_DEFAULT < 2 else frn.one_kernel_reason(2, 7168, 768, 2, True, "", 132) is None
     assert "all-reduce" in frn.one_kernel_reason(1, 7168, 768, 2, True, "tp", 132)
     assert "RMSNorm" in frn.one_kernel_reason(1, 7168, 768, 2, False, "", 132)
     assert "H = 64" in frn.one_kernel_reason(1, 64, 32, 2, True, "", 132)

@@ -218,6 +218,7 @@ def test_fused_residual_norm_one_kernel_rows(M, K, nb, addend, prefix, fp32, pai
     from k3fuse.codegen import fused_residual_norm as frn
     H = 7168
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    monkeypatch.setenv("K3FUSE_FRN_ONE_MAX_M", "4")
     assert frn.one_kernel_reason(M, H, K, nb, True, "", sms) is None
     wa, wb = (bf(H, scale=0.5) + 1, bf(H, scale=0.005)) if pair else (torch.randn(H, device="cuda") * 0.05, None)
     wref = wa.float() * wb.float() if pair else wa
