@@ -18,6 +18,8 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--shape", default="7168x3584")
+    ap.add_argument("--x", choices=("both", "fp32", "bf16"), default="both",
+                    help="x dtypes to time (MLA's q_b gets bf16 x; the routed up projection fp32)")
     a = ap.parse_args()
     from k3fuse import ops
     from k3fuse.codegen import gemv
@@ -30,7 +32,7 @@ def main():
     nw = (torch.randn(K, device="cuda") * 0.3 + 1).to(torch.bfloat16)
     for M in (1, 2, 4):
         b = bucket_for(M)
-        for xf32 in (True, False):
+        for xf32 in {"both": (True, False), "fp32": (True,), "bf16": (False,)}[a.x]:
             x = torch.randn(M, K, device="cuda") * 3
             x = x if xf32 else x.to(torch.bfloat16)
             ref = ((ops.rms_norm._init_fn(x, nw, 1e-5, torch.bfloat16).double() @ ws[0].double().t()))

@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s39            # MLA q_b + norm tuned, layer A/B via the overlay; the one launch's kernels at M = 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s38            # the one launch's statistics on the column warps only: A/B at M = 1, 2, 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s37            # one-launch fused_residual_norm at M = 2..4: GPU tests, memcheck, layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s36            # one-launch MLA at TP16 M = 1, 2, 4 (A/B); MLA M = 1 row; rows at M = 2, 4
@@ -614,6 +615,33 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s39 ]; then      # session 21: MLA's q_b + norm (gemv_norm 1152 x 1536 at TP16, 2304 x 1536 at TP8; no
+    # H200 entry: the plain GEMV's config) tuned, then A/B'd in the layer through the overlay; the one launch's
+    # kernels at M = 4 (why it is slower there: s37 / s38)
+    for sh in 1152x1536 2304x1536; do
+        timeout 80 python3 benchmarks/fused_norm_tune.py --out "$L" --shape $sh --x bf16 > "$L/fnt_$sh.txt" 2>&1
+        echo "fused_norm_tune $sh rc=$?" | tee -a "$S"; grep '^M ' "$L/fnt_$sh.txt" | tee -a "$S"
+        cp "$L/fused_norm_tune.json" "$L/fnt_$sh.json" 2>/dev/null
+    done
+    python3 - "$L" <<'PY' | tee -a "$S"
+import glob, json, sys
+ent = {}
+for f in glob.glob(sys.argv[1] + "/fnt_*.json"):
+    rows = [r for r in json.load(open(f))["rows"] if not r["x_fp32"] and r.get("err", 1) < 1e-2 and "us" in r]
+    for m in (1, 2, 4):
+        rs = [r for r in rows if r["M"] == m]
+        if rs:
+            b = min(rs, key=lambda r: r["us"])
+            ent.setdefault(f"gemv_norm:{b['N']}x{b['K']}", {})[str(m)] = dict(b["cfg"])
+json.dump({"entries": ent}, open(sys.argv[1] + "/norm_overlay.json", "w"), indent=1)
+print("overlay", json.dumps(ent))
+PY
+    cp "$L/norm_overlay.json" "$OUT/" 2>/dev/null
+    ab_run qb_norm 140 --var "K3FUSE_TUNING_OVERLAY=none,$L/norm_overlay.json" --kinds mla --tp 16,8 --ms 1,2,4 --pairs 8
+    K3FUSE_FRN_ONE_MAX_M=4 timeout 70 python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp 16 --ms 4 \
+        --skip eager,inductor --top 12 --tag _m4_one > "$L/lb_m4_one.txt" 2>&1
+    echo "layer KDA TP16 M=4 K3FUSE_FRN_ONE_MAX_M=4 rc=$?" | tee -a "$S"; sed -n '/^kind/,$p' "$L/lb_m4_one.txt" | tee -a "$S"
+    tar czf "$OUT/logs_s39.tgz" -C "$L" .
 elif [ "$part" = s38 ]; then      # session 21: s37 found the one launch slower at M = 2, 4 (+5.8 / +11 us per layer): the
     # statistics' warp shuffles, reduced by all 8 warps while 2 hold columns. Now only those 2 reduce.
     pytests frn_one 220 tests/test_kernels_gpu.py -k "one_kernel"
