@@ -157,26 +157,18 @@ def test_mix_norm_cluster_matches_reference(M, nb, addend, prefix, fp32, cl, mon
         frn._built.clear()
 
 
-@pytest.mark.parametrize("K,nb,addend,prefix,fp32,pair", [(768, 2, False, True, False, True),
-                                                          (384, 2, True, True, False, True),
-                                                          (768, 8, True, True, True, True),
-                                                          (384, 0, True, False, False, False),
-                                                          (1536, 5, False, True, True, False)])
-def test_fused_residual_norm_one_kernel(K, nb, addend, prefix, fp32, pair, monkeypatch):
-    """M = 1: the projection + grid barrier + mix-norm in one launch (the K3 o_proj / shared down shapes at TP16,
-    TP8). Five launches in a row (the accumulator sets alternate by epoch parity) on fresh inputs, then CUDA-graph
-    replays with poisoned outputs: normed against the reference (rel < 1e-2), no barrier timeout, the arrival counter
-    a multiple of the grid; the same answers as the two-launch path (K3FUSE_FRN_ONE_KERNEL=0)."""
+def frn_one_case(M, K, nb, addend, prefix, fp32, pair):
+    """One fused_residual_norm case for the one-launch kernel at batch M on fresh inputs: (body, refill, check, out,
+    new_prefix); check() compares both outputs with the reference (rel < 1e-2) and asserts no barrier timeout and an
+    arrival counter that is a multiple of the grid. pair: w_mix as its two bf16 factors."""
     from k3fuse import ops
     from k3fuse.codegen import fused_residual_norm as frn
     H = 7168
-    assert frn.one_kernel_reason(1, H, K, nb, True, "", torch.cuda.get_device_properties(0).multi_processor_count) \
-        is None
-    o, w_o, a, p, blocks_buf, blocks, w_mix, norm_w = frn_inputs(1, nb, addend, prefix, K=K)
+    o, w_o, a, p, blocks_buf, blocks, w_mix, norm_w = frn_inputs(M, nb, addend, prefix, K=K)
     wa, wb = (bf(H, scale=0.5) + 1, bf(H, scale=0.005)) if pair else (w_mix, None)
     wref = wa.float() * wb.float() if pair else w_mix
-    out = torch.empty((1, H), device="cuda", dtype=torch.bfloat16)
-    newp = torch.empty((1, H), device="cuda", dtype=torch.bfloat16)
+    out = torch.empty((M, H), device="cuda", dtype=torch.bfloat16)
+    newp = torch.empty((M, H), device="cuda", dtype=torch.bfloat16)
     _, ctr = frn.one_state(o.device)
 
     def body():
@@ -190,13 +182,38 @@ def test_fused_residual_norm_one_kernel(K, nb, addend, prefix, fp32, pair, monke
         rn, rp = ops.fused_residual_norm._init_fn(o, w_o, a, p, blocks, wref, norm_w, 1e-6, 1e-5, "", fp32)
         assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
         assert frn.one_kernel_errors(o.device) == 0 and ctr[0].item() % frn.ONE_G == 0
+    return body, refill, check, out, newp
+
+
+def frn_one_run(case):
+    """refill, poison both outputs, launch, check."""
+    body, refill, check, out, newp = case
+    refill()
+    out.fill_(float("nan"))
+    newp.fill_(float("nan"))
+    body()
+    torch.cuda.synchronize()
+    check()
+
+
+@pytest.mark.parametrize("K,nb,addend,prefix,fp32,pair", [(768, 2, False, True, False, True),
+                                                          (384, 2, True, True, False, True),
+                                                          (768, 8, True, True, True, True),
+                                                          (384, 0, True, False, False, False),
+                                                          (1536, 5, False, True, True, False)])
+def test_fused_residual_norm_one_kernel(K, nb, addend, prefix, fp32, pair, monkeypatch):
+    """M = 1: the projection + grid barrier + mix-norm in one launch (the K3 o_proj / shared down shapes at TP16,
+    TP8). Five launches in a row (the accumulator sets alternate by epoch parity) on fresh inputs, then CUDA-graph
+    replays with poisoned outputs: normed against the reference (rel < 1e-2), no barrier timeout, the arrival counter
+    a multiple of the grid; the same answers as the two-launch path (K3FUSE_FRN_ONE_KERNEL=0)."""
+    from k3fuse.codegen import fused_residual_norm as frn
+    assert frn.one_kernel_reason(1, 7168, K, nb, True, "", torch.cuda.get_device_properties(0).multi_processor_count) \
+        is None
+    case = frn_one_case(1, K, nb, addend, prefix, fp32, pair)
     for _ in range(5):
-        refill()
-        out.fill_(float("nan"))
-        body()
-        torch.cuda.synchronize()
-        check()
+        frn_one_run(case)
     assert any(key[0] == "one" for key in frn._built)
+    body, refill, check, out, newp = case
     graph_replays_poisoned(body, refill, [out, newp], check)
     one = out.clone()
     monkeypatch.setenv("K3FUSE_FRN_ONE_KERNEL", "0")
@@ -209,48 +226,18 @@ def test_fused_residual_norm_one_kernel(K, nb, addend, prefix, fp32, pair, monke
                                                           (384, 8, True, True, False, True),
                                                           (1536, 5, False, True, True, False)])
 def test_fused_residual_norm_one_kernel_rows(M, K, nb, addend, prefix, fp32, pair, monkeypatch):
-    """M = 2..4: the one launch's bucket 2 / 4 (rows past M predicated off), each row's statistics its own. Launches
-    at M, then 1, then M again on one accumulator state (the sets alternate by parity and are zeroed whole, so a
-    bucket-4 launch after a bucket-1 one starts from zeros), then CUDA-graph replays with poisoned outputs: normed and
-    new prefix against the reference (rel < 1e-2), no barrier timeout; the same answers as the two-launch path
-    (K3FUSE_FRN_ONE_MAX_M=1)."""
-    from k3fuse import ops
+    """M = 2..4 (K3FUSE_FRN_ONE_MAX_M=4): the one launch's bucket 2 / 4 (rows past M predicated off), each row's
+    statistics its own. Launches at M, then 1, then M again on one accumulator state (the sets alternate by parity and
+    are zeroed whole, so a bucket-4 launch after a bucket-1 one starts from zeros), then CUDA-graph replays with
+    poisoned outputs: normed and new prefix against the reference (rel < 1e-2), no barrier timeout; the same answers
+    as the two-launch path (K3FUSE_FRN_ONE_MAX_M=1)."""
     from k3fuse.codegen import fused_residual_norm as frn
-    H = 7168
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     monkeypatch.setenv("K3FUSE_FRN_ONE_MAX_M", "4")
-    assert frn.one_kernel_reason(M, H, K, nb, True, "", sms) is None
-    wa, wb = (bf(H, scale=0.5) + 1, bf(H, scale=0.005)) if pair else (torch.randn(H, device="cuda") * 0.05, None)
-    wref = wa.float() * wb.float() if pair else wa
-    norm_w = bf(H, scale=0.5) + 1
-    _, ctr = frn.one_state(torch.device("cuda", 0))
-
-    def case(m):
-        o, w_o, a, p, blocks_buf, blocks, _, _ = frn_inputs(m, nb, addend, prefix, K=K)
-        out = torch.empty((m, H), device="cuda", dtype=torch.bfloat16)
-        newp = torch.empty((m, H), device="cuda", dtype=torch.bfloat16)
-
-        def body():
-            frn.fused_residual_norm(o, w_o, a, p, blocks, wa, norm_w, 1e-6, 1e-5, "", fp32, out=out,
-                                    new_prefix=newp, w_mix_scale=wb)
-
-        def refill():
-            frn_refill(o, blocks_buf, a, p)
-
-        def check():
-            rn, rp = ops.fused_residual_norm._init_fn(o, w_o, a, p, blocks, wref, norm_w, 1e-6, 1e-5, "", fp32)
-            assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
-            assert frn.one_kernel_errors(o.device) == 0 and ctr[0].item() % frn.ONE_G == 0
-        return body, refill, check, out, newp
-    cases = {m: case(m) for m in (M, 1)}
+    assert frn.one_kernel_reason(M, 7168, K, nb, True, "", torch.cuda.get_device_properties(0).multi_processor_count) \
+        is None
+    cases = {m: frn_one_case(m, K, nb, addend, prefix, fp32, pair) for m in (M, 1)}
     for m in (M, 1, M, M):
-        body, refill, check, out, newp = cases[m]
-        refill()
-        out.fill_(float("nan"))
-        newp.fill_(float("nan"))
-        body()
-        torch.cuda.synchronize()
-        check()
+        frn_one_run(cases[m])
     assert any(key[0] == "one" and key[-1] == frn.one_bucket(M) for key in frn._built)
     body, refill, check, out, newp = cases[M]
     graph_replays_poisoned(body, refill, [out, newp], check)
