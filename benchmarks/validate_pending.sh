@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s40            # next: fused_residual_norm alone + ncu; MLA M = 1 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s39            # MLA q_b + norm tuned, layer A/B via the overlay; the one launch's kernels at M = 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s38            # the one launch's statistics on the column warps only: A/B at M = 1, 2, 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s37            # one-launch fused_residual_norm at M = 2..4: GPU tests, memcheck, layer A/B
@@ -615,6 +616,23 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s40 ]; then      # session 22 (first): the one-launch fused_residual_norm alone (timed, then under ncu: why
+    # is bucket 4 slower, and what holds the M = 1 kernel ~4 us above its bytes); the MLA M = 1 rows with session 21's
+    # q_b and group GEMV entries
+    timeout 120 python3 benchmarks/frn_profile.py --out "$L" --ks 768,384 --ms 1,2,4 > "$L/frn_profile.txt" 2>&1
+    echo "frn_profile rc=$?" | tee -a "$S"; grep -E '^K ' "$L/frn_profile.txt" | tee -a "$S"
+    cp "$L/frn_profile.json" "$OUT/" 2>/dev/null
+    timeout 150 ncu --kernel-name regex:frn1 --launch-count 4 --section SpeedOfLight --section WarpStateStats \
+        --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        python3 benchmarks/frn_profile.py --ncu-launches 1 --ks 768 --ms 1,4 > "$L/ncu_frn.txt" 2>&1
+    echo "ncu frn1 rc=$?" | tee -a "$S"
+    grep -E "frn1_kernel|Duration|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued|ERR" \
+        "$L/ncu_frn.txt" | head -40 | tee -a "$S"
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds mla --tp 16,8 --ms 1 --top 12 --tag _mla_m1 \
+        > "$L/lb_mla_m1.txt" 2>&1
+    echo "layer MLA TP16, TP8 M=1 every backend rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_mla_m1.txt" | tee -a "$S"
+    cp "$L"/layer_bench_mla_m1.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s40.tgz" -C "$L" .
 elif [ "$part" = s39 ]; then      # session 21: MLA's q_b + norm (gemv_norm 1152 x 1536 at TP16, 2304 x 1536 at TP8; no
     # H200 entry: the plain GEMV's config) tuned, then A/B'd in the layer through the overlay; the one launch's
     # kernels at M = 4 (why it is slower there: s37 / s38)
