@@ -664,6 +664,7 @@ elif [ "$part" = s38 ]; then      # session 21: s37 found the one launch slower 
     # statistics' warp shuffles, reduced by all 8 warps while 2 hold columns. Now only those 2 reduce.
     pytests frn_one 220 tests/test_kernels_gpu.py -k "one_kernel"
     # prediction: M = 1 -1..-2 us per layer (the 6 idle warps' ~1600 shuffles per SM, twice per layer)
+    # (K3FUSE_FRN_STAT_ALL_WARPS was removed after this call: no difference)
     ab_run frn_stat 150 --var K3FUSE_FRN_STAT_ALL_WARPS=1,0 --kinds kda,mla --tp 16,8 --ms 1 --pairs 10
     ab_run frn_one_m2 150 --var K3FUSE_FRN_ONE_MAX_M=1,4 --kinds kda,mla --tp 16,8 --ms 2,4 --pairs 8
     tar czf "$OUT/logs_s38.tgz" -C "$L" .

@@ -15,6 +15,7 @@ import functools
 import os
 from typing import Optional
 
+from .buckets import bucket_for
 from .render import render
 
 FAMILY = "fused_residual_norm"
@@ -175,13 +176,6 @@ def one_lean_tail() -> bool:
     return os.environ.get("K3FUSE_FRN_LEAN_TAIL", "1") != "0"
 
 
-def one_stat_all_warps() -> bool:
-    """K3FUSE_FRN_STAT_ALL_WARPS=1 (a measurement knob, default 0): every warp of the one-launch kernel reduces the
-    mix statistics, as until session 21, though only the first ceil(CR / 32) = 2 of 8 hold columns. Read when a kernel
-    is rendered."""
-    return os.environ.get("K3FUSE_FRN_STAT_ALL_WARPS", "0") == "1"
-
-
 def one_kernel_enabled() -> bool:
     """K3FUSE_FRN_ONE_KERNEL (default 1): 0 keeps the GEMV + mix-norm kernel pair at M = 1 too."""
     return os.environ.get("K3FUSE_FRN_ONE_KERNEL", "1") != "0"
@@ -197,11 +191,6 @@ def one_max_m() -> int:
     if v not in (1, 2, 4):
         raise ValueError(f"K3FUSE_FRN_ONE_MAX_M={v}: 1, 2 or 4 (<= ONE_MAX_BM = {ONE_MAX_BM})")
     return v
-
-
-def one_bucket(M: int) -> int:
-    """The one-launch kernel's batch bucket for M (1, 2 or 4): rows M .. bucket - 1 are predicated off."""
-    return 1 if M <= 1 else 2 if M <= 2 else 4
 
 
 def one_kernel_reason(M: int, H: int, K: int, nb: int, has_norm: bool, group_name: str, sms: Optional[int]
@@ -233,8 +222,7 @@ def one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, w
     return dict(H=H, K=K, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), FP32_NORM=bool(fp32_norm),
                 MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)), WM_PAIR=bool(wm_pair), G=ONE_G,
                 W=ONE_W, RPW=H // (ONE_G * ONE_W), ITERS=-(-(K // 8) // 32), ACC=ONE_ACC, ACCT=ONE_ACCT, BM=bm,
-                TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=one_spin_ns(), LEAN=one_lean_tail(),
-                **({"STAT_ALL": True} if one_stat_all_warps() else {}))
+                TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=one_spin_ns(), LEAN=one_lean_tail())
 
 
 def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_eps=1e-5, norm_eps=1e-5,
@@ -242,7 +230,7 @@ def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = ("one", H, K, nb, bool(has_addend), bool(has_prefix), bool(fp32_norm), float(mix_eps), float(norm_eps),
-            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), one_stat_all_warps(), bm)
+            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), bm)
     if memo in _built:
         return _built[memo]
     src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair,
@@ -291,7 +279,7 @@ def fused_residual_norm_one(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_e
     M, H = o.shape[0], w_o.shape[0]
     pair = w_mix_scale is not None
     k = build_one(H, o.shape[1], len(blocks), addend is not None, prefix is not None, fp32_norm, mix_eps, norm_eps,
-                  pair, bm=one_bucket(M))
+                  pair, bm=bucket_for(M))     # M <= ONE_MAX_BM: bucket 1, 2 or 4; rows past M predicated off
     out = out if out is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
     new_prefix = new_prefix if new_prefix is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
     acc, ctr = one_state(o.device)

@@ -191,7 +191,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
     # at M <= 4 without an all-reduce (TP = 1) the projection + mix-norm are one launch (fused_residual_norm_onekernel,
     # one kernel per bucket 1 / 2 / 4) where one_kernel_reason allows (K3's TP = 1 widths do not: K > ONE_MAX_K; the
     # per-rank widths on one GPU of benchmarks/layer_bench.py do)
-    one_buckets = sorted({frn.one_bucket(b) for b in buckets if b <= frn.one_max_m()})
+    one_buckets = [b for b in buckets if b <= frn.one_max_m()]     # buckets 1, 2, 4 (sorted)
     if tp == 1 and one_buckets:
         for name, addend in (("attn.o_proj", False), ("shared.down", True), ("dense.down", False)):
             _, K = shapes[name]

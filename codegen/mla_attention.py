@@ -328,7 +328,7 @@ def one_reason(M: int, v: int, splits, G: int, sms: int, h: Optional[int] = None
     if choice is False:
         return "K3FUSE_MLA_ONE_KERNEL=0"
     if choice is None and bucket_for(M) not in ONE_BY_HEADS.get(h, ()):
-        return f"h = {h}, M = {M}: three launches measured faster (ONE_BY_HEADS; K3FUSE_MLA_ONE_KERNEL=1 forces one)"
+        return f"h = {h}, M = {M}: no measured gain for one launch (ONE_BY_HEADS; K3FUSE_MLA_ONE_KERNEL=1 forces it)"
     if M > ONE_MAX_M:
         return f"M = {M} > {ONE_MAX_M}"
     if sms < G:

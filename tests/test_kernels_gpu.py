@@ -232,13 +232,14 @@ def test_fused_residual_norm_one_kernel_rows(M, K, nb, addend, prefix, fp32, pai
     poisoned outputs: normed and new prefix against the reference (rel < 1e-2), no barrier timeout; the same answers
     as the two-launch path (K3FUSE_FRN_ONE_MAX_M=1)."""
     from k3fuse.codegen import fused_residual_norm as frn
+    from k3fuse.codegen.buckets import bucket_for
     monkeypatch.setenv("K3FUSE_FRN_ONE_MAX_M", "4")
     assert frn.one_kernel_reason(M, 7168, K, nb, True, "", torch.cuda.get_device_properties(0).multi_processor_count) \
         is None
     cases = {m: frn_one_case(m, K, nb, addend, prefix, fp32, pair) for m in (M, 1)}
     for m in (M, 1, M, M):
         frn_one_run(cases[m])
-    assert any(key[0] == "one" and key[-1] == frn.one_bucket(M) for key in frn._built)
+    assert any(key[0] == "one" and key[-1] == bucket_for(M) for key in frn._built)
     body, refill, check, out, newp = cases[M]
     graph_replays_poisoned(body, refill, [out, newp], check)
     one = out.clone()
