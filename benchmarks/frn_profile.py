@@ -2,7 +2,7 @@
 batch M, weights rotated beyond L2, CUDA-graph replays; the one-launch kernel's M = 2..4 buckets through
 K3FUSE_FRN_ONE_MAX_M=4. Session 21 measured the one launch slower in the layer at M = 2 and 4 (RESULTS.md): this
 separates the kernel from the layer, and --ncu-launches N makes a short run for Nsight Compute instead:
-  python3 benchmarks/frn_profile.py --out DIR [--ks 768,384] [--ms 1,2,4]
+  python3 benchmarks/frn_profile.py --out DIR [--ks 768,384] [--ms 1,2,4] [--preloads 0,1,2]
   ncu --kernel-name regex:frn1 --launch-skip 2 --launch-count 4 --section SpeedOfLight --section WarpStateStats \
       python3 benchmarks/frn_profile.py --ncu-launches 3 --ms 1,4"""
 from __future__ import annotations
@@ -37,6 +37,7 @@ def main():
     ap.add_argument("--ks", default="768,384", help="o_proj / shared down widths (TP16; TP8: 1536,768)")
     ap.add_argument("--ms", default="1,2,4")
     ap.add_argument("--ncu-launches", type=int, default=0, help="launch each case this many times, no timing")
+    ap.add_argument("--preloads", default="0", help="K3FUSE_FRN_PRELOAD values of the one-launch arm (0,1,2)")
     a = ap.parse_args()
     from k3fuse import ops
     from k3fuse.codegen import fused_residual_norm as frn
@@ -48,8 +49,10 @@ def main():
         for M in (int(m) for m in a.ms.split(",")):
             ws, o, prefix, blocks, wm, wm2, norm_w = inputs(M, K, nrot)
             row = dict(K=K, M=M, MB=H * K * 2 / 1e6)
-            for arm, knob in (("one", "1"), ("two", "0")):
+            arms = [(f"one{p}" if p != "0" else "one", "1", p) for p in a.preloads.split(",")] + [("two", "0", "0")]
+            for arm, knob, pre in arms:
                 os.environ["K3FUSE_FRN_ONE_KERNEL"] = knob
+                os.environ["K3FUSE_FRN_PRELOAD"] = pre
 
                 def call(i):
                     return frn.fused_residual_norm(o, ws[i % nrot], None, prefix, blocks, wm, norm_w, 1e-6, 1e-5, "",
@@ -67,9 +70,10 @@ def main():
             if not a.ncu_launches:
                 row["floor_us"] = H * K * 2 / bw * 1e6
                 rows.append(row)
-                print(f"K {K} M {M}: one launch {row['one_us']:.2f} us, two {row['two_us']:.2f} us, floor "
-                      f"{row['floor_us']:.2f} (err {row['one_err']:.1e} / {row['two_err']:.1e})", flush=True)
+                print(f"K {K} M {M}: " + ", ".join(f"{arm} {row[arm + '_us']:.2f} us (err {row[arm + '_err']:.1e})"
+                                                   for arm, _, _ in arms) + f", floor {row['floor_us']:.2f}", flush=True)
     os.environ.pop("K3FUSE_FRN_ONE_KERNEL", None)
+    os.environ.pop("K3FUSE_FRN_PRELOAD", None)
     if rows:
         with open(os.path.join(a.out, "frn_profile.json"), "w") as f:
             json.dump(dict(copy_TBps=bw / 1e12, gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)

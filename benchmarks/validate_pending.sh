@@ -35,7 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s40            # next: fused_residual_norm alone + ncu; MLA M = 1 rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s41            # next: K3FUSE_FRN_PRELOAD: tests, alone, ncu, layer A/Bs
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s40            # fused_residual_norm alone + ncu; MLA M = 1 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s39            # MLA q_b + norm tuned, layer A/B via the overlay; the one launch's kernels at M = 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s38            # the one launch's statistics on the column warps only: A/B at M = 1, 2, 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s37            # one-launch fused_residual_norm at M = 2..4: GPU tests, memcheck, layer A/B
@@ -616,6 +617,23 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s41 ]; then      # session 22 (first): K3FUSE_FRN_PRELOAD (the one launch's weight loads all ahead of its
+    # FMAs: x through shared memory (1) or after a warp sync (2)): GPU tests, the kernel alone (0 / 1 / 2 against two
+    # launches), ncu on 0 vs 1, then the layer A/Bs (M = 1; M = 2, 4 with the one launch on)
+    pytests preload 150 tests/test_kernels_gpu.py -k "one_kernel_preload"
+    timeout 100 python3 benchmarks/frn_profile.py --out "$L" --ks 768,384 --ms 1,2,4 --preloads 0,1,2 \
+        > "$L/frn_profile.txt" 2>&1
+    echo "frn_profile rc=$?" | tee -a "$S"; grep -E '^K ' "$L/frn_profile.txt" | tee -a "$S"
+    cp "$L/frn_profile.json" "$OUT/" 2>/dev/null
+    timeout 100 ncu --kernel-name regex:frn1 --launch-count 4 --section SpeedOfLight --section WarpStateStats \
+        --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+        python3 benchmarks/frn_profile.py --ncu-launches 1 --ks 768 --ms 1,4 --preloads 0,1 > "$L/ncu_frn.txt" 2>&1
+    echo "ncu frn1 rc=$?" | tee -a "$S"
+    grep -E "frn1_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Registers Per Thread|Warp Cycles Per Issued|ERR" \
+        "$L/ncu_frn.txt" | head -40 | tee -a "$S"
+    ab_run pre_m1 120 --var K3FUSE_FRN_PRELOAD=0,1 --kinds kda,mla --tp 16,8 --ms 1 --pairs 10
+    K3FUSE_FRN_PRELOAD=1 ab_run one_m24 100 --var K3FUSE_FRN_ONE_MAX_M=1,4 --kinds kda --tp 16 --ms 2,4 --pairs 8
+    tar czf "$OUT/logs_s41.tgz" -C "$L" .
 elif [ "$part" = s40 ]; then      # session 22 (first): the one-launch fused_residual_norm alone (timed, then under ncu: why
     # is bucket 4 slower, and what holds the M = 1 kernel ~4 us above its bytes); the MLA M = 1 rows with session 21's
     # q_b and group GEMV entries

@@ -176,6 +176,16 @@ def one_lean_tail() -> bool:
     return os.environ.get("K3FUSE_FRN_LEAN_TAIL", "1") != "0"
 
 
+PRELOAD_DEFAULT = "0"    # not yet measured on a GPU (session 22)
+
+
+def one_preload() -> int:
+    """K3FUSE_FRN_PRELOAD (default PRELOAD_DEFAULT): the one-launch kernel's projection loads every weight and x vector
+    in a loop of its own before the first FMA (all in flight at once; the interleaved loop has ptxas hoist 9 of 21
+    weight loads at K = 768), with clamped indices instead of branches at M = 2..4. Read when a kernel is rendered."""
+    return int(os.environ.get("K3FUSE_FRN_PRELOAD", PRELOAD_DEFAULT) or 0)
+
+
 def one_kernel_enabled() -> bool:
     """K3FUSE_FRN_ONE_KERNEL (default 1): 0 keeps the GEMV + mix-norm kernel pair at M = 1 too."""
     return os.environ.get("K3FUSE_FRN_ONE_KERNEL", "1") != "0"
@@ -222,7 +232,7 @@ def one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, w
     return dict(H=H, K=K, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), FP32_NORM=bool(fp32_norm),
                 MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)), WM_PAIR=bool(wm_pair), G=ONE_G,
                 W=ONE_W, RPW=H // (ONE_G * ONE_W), ITERS=-(-(K // 8) // 32), ACC=ONE_ACC, ACCT=ONE_ACCT, BM=bm,
-                TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=one_spin_ns(), LEAN=one_lean_tail())
+                TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=one_spin_ns(), LEAN=one_lean_tail(), PRELOAD=one_preload())
 
 
 def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_eps=1e-5, norm_eps=1e-5,
@@ -230,7 +240,7 @@ def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = ("one", H, K, nb, bool(has_addend), bool(has_prefix), bool(fp32_norm), float(mix_eps), float(norm_eps),
-            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), bm)
+            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), one_preload(), bm)
     if memo in _built:
         return _built[memo]
     src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair,

@@ -146,6 +146,39 @@ def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pa
     assert re.search(r"and\.b32\s+%r\d+, %r\d+, -128;", ptx) and not re.search(r"\b(?:div|rem)\.s32", ptx)
 
 
+@pytest.mark.parametrize("preload", [1, 2])
+@pytest.mark.parametrize("K,bm", [(768, 1), (384, 4), (1536, 4)])
+def test_fused_residual_norm_one_kernel_preload(K, bm, preload, monkeypatch):
+    """K3FUSE_FRN_PRELOAD=1 / 2: the projection's weight loads all ahead of its first FMA in the SASS (the interleaved
+    loop has 5-9 of 21 there at K = 768). 1 stages x in shared memory behind a CTA barrier (the x loads before the
+    first FMA too); 2 loads x after a warp sync. No branch around a load, no local memory."""
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    monkeypatch.setenv("K3FUSE_FRN_PRELOAD", str(preload))
+    k = frn.build_one(7168, K, 2, False, True, False, 1e-6, 1e-5, True, arch="sm_90a", load=False, bm=bm)
+    monkeypatch.setenv("K3FUSE_FRN_PRELOAD", "0")
+    base = ptx_of(frn.build_one(7168, K, 2, False, True, False, 1e-6, 1e-5, True, arch="sm_90a", load=False, bm=bm))
+    ptx = ptx_of(k)
+    iters, nv = -(-(K // 8) // 32), K // 8
+    v4 = len(re.findall(r"ld\.global(?:\.[a-z0-9:_]+)*\.v4\.", ptx))
+    sh = len(re.findall(r"ld\.shared(?:\.[a-z0-9:_]+)*\.v4\.", ptx)) - len(
+        re.findall(r"ld\.shared(?:\.[a-z0-9:_]+)*\.v4\.", base))      # x's, beyond the statistics' own
+    if preload == 1:
+        assert v4 == iters * 7 + -(-(bm * nv) // 256) and sh == iters * bm
+    else:
+        assert v4 == iters * (7 + bm) and sh == 0
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    nd = _nvdisasm()
+    if nd is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm): the SASS order is not checked")
+    import subprocess
+    sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass)
+    first = next(i for i, o in enumerate(ops) if o.startswith("FFMA"))
+    ahead = sum(1 for o in ops[:first] if o.startswith("LDG") and "128" in o)
+    assert ahead >= iters * 7 + (-(-(bm * nv) // 256) if preload == 1 else 0), (ahead, iters * 7)
+    assert not re.search(r"\b(STL|LDL)\b", sass)
+
+
 def test_one_kernel_barrier_arithmetic_survives_the_counter_wrap():
     """The template's epoch arithmetic on int32 (what the PTX computes), over launches across the 2^31 wrap: every
     CTA of a launch, whatever count it reads (base .. base + G - 1), gets the same base; the target is the count

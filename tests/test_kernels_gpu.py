@@ -248,6 +248,29 @@ def test_fused_residual_norm_one_kernel_rows(M, K, nb, addend, prefix, fp32, pai
     assert rel(one, out) < 1e-2
 
 
+@pytest.mark.parametrize("preload", ["1", "2"])
+@pytest.mark.parametrize("M", [1, 3, 4])
+@pytest.mark.parametrize("K,nb,addend,prefix,fp32,pair", [(768, 2, False, True, False, True),
+                                                          (1536, 5, True, True, True, False)])
+def test_fused_residual_norm_one_kernel_preload(M, K, nb, addend, prefix, fp32, pair, preload, monkeypatch):
+    """K3FUSE_FRN_PRELOAD=1 / 2 (the weight loads ahead of the FMAs; x through shared memory or after a warp sync,
+    rows past M clamped, not branched): as the default kernel, against the reference with poisoned outputs in graph
+    replays, and the same answers as the two-launch path."""
+    from k3fuse.codegen import fused_residual_norm as frn
+    monkeypatch.setenv("K3FUSE_FRN_ONE_MAX_M", "4")
+    monkeypatch.setenv("K3FUSE_FRN_PRELOAD", preload)
+    case = frn_one_case(M, K, nb, addend, prefix, fp32, pair)
+    for _ in range(3):
+        frn_one_run(case)
+    assert any(key[0] == "one" and key[-2] == int(preload) for key in frn._built)
+    body, refill, check, out, newp = case
+    graph_replays_poisoned(body, refill, [out, newp], check)
+    one = out.clone()
+    monkeypatch.setenv("K3FUSE_FRN_ONE_KERNEL", "0")
+    body()
+    assert rel(one, out) < 1e-2
+
+
 @pytest.mark.parametrize("M", [1, 8, 64])
 def test_fused_residual_norm_weight_pair(M):
     """w_mix given as its two bf16 factors (pass fuse_attn_out_allreduce_attnres_norm: res_norm.weight and
