@@ -35,7 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s41            # next: K3FUSE_FRN_PRELOAD: tests, alone, ncu, layer A/Bs
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s42            # next: K3FUSE_MOE_DOWN_AX: tests, memcheck, A/Bs; preload 1 vs 2
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s41            # K3FUSE_FRN_PRELOAD: tests, alone, ncu, layer A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s40            # fused_residual_norm alone + ncu; MLA M = 1 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s39            # MLA q_b + norm tuned, layer A/B via the overlay; the one launch's kernels at M = 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s38            # the one launch's statistics on the column warps only: A/B at M = 1, 2, 4
@@ -617,6 +618,16 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s42 ]; then      # session 22 (second): K3FUSE_MOE_DOWN_AX (the routed down's W2 loads all ahead of its
+    # FMAs, the activations through shared memory): GPU tests, memcheck (with the frn preload), layer A/Bs at M = 1
+    # (TP16, TP8) and M = 2, 4; then K3FUSE_FRN_PRELOAD 1 (the default now) against 2 in the layer
+    pytests ax 200 tests/test_moe_kernel_gpu.py -k "down_ax"
+    memcheck memcheck_ax 160 tests/test_moe_kernel_gpu.py tests/test_kernels_gpu.py \
+        -k "(down_ax and (tp16-4-2-1 or tp8-4-4-1)) or (one_kernel_preload and (True-1-1 or True-1-2 or True-4-1))"
+    ab_run ax_m1 130 --var K3FUSE_MOE_DOWN_AX=0,1 --kinds kda,mla --tp 16,8 --ms 1 --pairs 10
+    ab_run ax_m24 100 --var K3FUSE_MOE_DOWN_AX=0,1 --kinds kda --tp 16,8 --ms 2,4 --pairs 8
+    ab_run pre12 80 --var K3FUSE_FRN_PRELOAD=1,2 --kinds kda,mla --tp 16,8 --ms 1 --pairs 8
+    tar czf "$OUT/logs_s42.tgz" -C "$L" .
 elif [ "$part" = s41 ]; then      # session 22 (first): K3FUSE_FRN_PRELOAD (the one launch's weight loads all ahead of its
     # FMAs: x through shared memory (1) or after a warp sync (2)): GPU tests, the kernel alone (0 / 1 / 2 against two
     # launches), ncu on 0 vs 1, then the layer A/Bs (M = 1; M = 2, 4 with the one launch on)

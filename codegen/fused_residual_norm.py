@@ -176,7 +176,9 @@ def one_lean_tail() -> bool:
     return os.environ.get("K3FUSE_FRN_LEAN_TAIL", "1") != "0"
 
 
-PRELOAD_DEFAULT = "0"    # not yet measured on a GPU (session 22)
+# 1 since session 22 (H200, layer_ab, M = 1: KDA / MLA -1.3 / -1.7 us per layer at TP16, -3.4 / -3.3 at TP8, 10 / 10
+# pairs each; the kernel alone 7.48 -> 6.78 us at K = 768, 5.96 -> 5.27 at K = 384; RESULTS.md "Session 22")
+PRELOAD_DEFAULT = "1"
 
 
 def one_preload() -> int:

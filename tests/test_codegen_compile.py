@@ -127,6 +127,7 @@ def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pa
     loaded before the main loop; one fp32 reduction into the accumulators, one release arrival, one acquire poll with
     a nanosleep, no local memory (bm = 4 at 8 blocks: 4 x 54 statistics); 128 CTAs x 8 warps x 7 rows = 7168."""
     monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    monkeypatch.setenv("K3FUSE_FRN_PRELOAD", "0")       # the interleaved loop (1 / 2: the test below)
     k = frn.build_one(7168, K, nb, addend, prefix, False, 1e-6, 1e-5, pair, arch=arch, load=False, bm=bm)
     ptx = ptx_of(k)
     v4 = [m.start() for m in re.finditer(r"ld\.global(?:\.[a-z0-9:_]+)*\.v4\.", ptx)]
@@ -167,6 +168,11 @@ def test_fused_residual_norm_one_kernel_preload(K, bm, preload, monkeypatch):
     else:
         assert v4 == iters * (7 + bm) and sh == 0
     assert "ld.local" not in ptx and "st.local" not in ptx
+    # the PDL chain as in the default kernel: the wait before any memory access, every load before the trigger
+    wait, trig = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    first = min(m.start() for m in re.finditer(r"\b(?:ld|st|red|atom)\.", ptx[wait:])) + wait
+    v4g = [m.start() for m in re.finditer(r"ld\.global(?:\.[a-z0-9:_]+)*\.v4\.", ptx)]
+    assert 0 <= wait < first and max(v4g) < trig
     nd = _nvdisasm()
     if nd is None:
         pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm): the SASS order is not checked")

@@ -295,3 +295,52 @@ def test_layer_measured_knobs_survive_a_sweep(monkeypatch, tmp_path):
     moe_sweep.write_table(res)
     got = json.loads((tmp_path / "gpu_x.json").read_text())["entries"][key]["1"]
     assert got["WD"] == 8 and got["KS"] == 1 and got["UPMMA"] == 0 and got["layer"] == {"KS": 4, "why": "layer_ab"}
+
+
+def _down_sass(k):
+    """The down kernel's SASS ops (None without nvdisasm)."""
+    import subprocess
+    from test_codegen_compile import _nvdisasm
+    nd = _nvdisasm()
+    if nd is None:
+        return None
+    sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+    f = next(part for part in re.split(r"\n\s*\.text\.", sass) if part.startswith("kernel_cutlass_down_kernel"))
+    return re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", f)
+
+
+@pytest.mark.parametrize("tp,b,ks,wd,lpr", [(16, 1, 4, 2, 8), (8, 1, 4, 4, 8), (8, 2, 2, 2, 16)])
+def test_down_ax_loads_ahead(tp, b, ks, wd, lpr, monkeypatch):
+    """K3FUSE_MOE_DOWN_AX=1: where a lane's W2 vectors fit MAX_AX_VECTORS, the down kernel stages the token's
+    activations in shared memory (one CTA barrier before the FMAs) and, in the SASS, issues every 128-bit load
+    before its first FMA (the default kernel: 3-5); beyond the limit (KS = 1 at TP8: 48 vectors) the SB batches
+    render as before, as where the CTA's register share is too small. No local memory either way."""
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
+    I = I_TP[tp]
+    cfg = dict(me.default_config(E, I, D, KT, b), KS=ks, WD=wd, SB=1, LPR=lpr, RT=1)     # the H200 table's
+    assert not me.down_ax(I, KT, dict(cfg, WD=8)) or ks * 8 * 32 <= 512      # 1024 threads: 64 registers, no room
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "0")
+    plain = me.build(E, I, D, KT, b, cfg=cfg, arch="sm_90a", load=False)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
+    assert me.down_ax(I, KT, cfg)
+    big = dict(cfg, KS=1)                      # 16 slots x VPL vectors: over the limit, so the SB batches
+    assert not me.down_ax(I, KT, big)
+    with_ax = me.render_source(E, I, D, KT, b, cfg=big)[0]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "0")
+    assert me.render_source(E, I, D, KT, b, cfg=big)[0] == with_ax
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
+    k = me.build(E, I, D, KT, b, cfg=cfg, arch="sm_90a", load=False)
+    assert "sA = smem.allocate_tensor(BFloat16" in k.source and "sA = smem" not in plain.source
+    for kk in (k, plain):
+        assert "ld.local" not in open(kk.files["kernel.ptx"]).read()
+    ops = _down_sass(k)
+    if ops is None:
+        pytest.skip("nvdisasm not installed: the SASS order is not checked")
+    nvec = (KT // ks) * ((I // 8) // lpr)
+    first = next(i for i, o in enumerate(ops) if o.startswith("FFMA"))
+    ahead = sum(1 for o in ops[:first] if o.startswith("LDG") and "128" in o)
+    assert ahead >= nvec, (ahead, nvec)
+    pops = _down_sass(plain)
+    pfirst = next(i for i, o in enumerate(pops) if o.startswith("FFMA"))
+    assert sum(1 for o in pops[:pfirst] if o.startswith("LDG") and "128" in o) < nvec // 2
+    assert not any(o in ("STL", "LDL") for o in ops)
