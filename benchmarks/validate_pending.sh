@@ -35,7 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s42            # next: K3FUSE_MOE_DOWN_AX: tests, memcheck, A/Bs; preload 1 vs 2
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s43            # next: K3FUSE_GEMV_XS: tests, memcheck, layer A/Bs
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s42            # K3FUSE_MOE_DOWN_AX: tests, memcheck, A/Bs; preload 1 vs 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s41            # K3FUSE_FRN_PRELOAD: tests, alone, ncu, layer A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s40            # fused_residual_norm alone + ncu; MLA M = 1 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s39            # MLA q_b + norm tuned, layer A/B via the overlay; the one launch's kernels at M = 4
@@ -618,6 +619,14 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s43 ]; then      # session 22 (third): K3FUSE_GEMV_XS (the simt GEMVs' weight loads all ahead of their FMAs,
+    # x through shared memory): GPU tests (the GEMV suite with XS forced on), memcheck, layer A/Bs at M = 1, 2
+    pytests xs 100 tests/test_kernels_gpu.py -k "x_staged"
+    K3FUSE_GEMV_XS=1 pytests xs_suite 120 tests/test_kernels_gpu.py -k "gemv or linear_group or rms_norm_linear"
+    memcheck memcheck_xs 100 tests/test_kernels_gpu.py -k "x_staged and 1"
+    ab_run xs_m1 130 --var K3FUSE_GEMV_XS=0,1 --kinds kda,mla --tp 16,8 --ms 1 --pairs 10
+    ab_run xs_m2 80 --var K3FUSE_GEMV_XS=0,1 --kinds kda --tp 16,8 --ms 2 --pairs 8
+    tar czf "$OUT/logs_s43.tgz" -C "$L" .
 elif [ "$part" = s42 ]; then      # session 22 (second): K3FUSE_MOE_DOWN_AX (the routed down's W2 loads all ahead of its
     # FMAs, the activations through shared memory): GPU tests, memcheck (with the frn preload), layer A/Bs at M = 1
     # (TP16, TP8) and M = 2, 4; then K3FUSE_FRN_PRELOAD 1 (the default now) against 2 in the layer

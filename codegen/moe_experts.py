@@ -259,17 +259,21 @@ def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Option
     return None
 
 
-AX_DEFAULT = "0"          # not yet measured on a GPU (session 22)
+# (I, bucket) where the layer measured the down with AX faster (session 22, H200, layer_ab K3FUSE_MOE_DOWN_AX=0,1,
+# RESULTS.md): TP8 (I = 384) M = 2 -3.90 us per KDA layer (8 / 8 pairs), M = 4 -5.30 (8 / 8). Not listed: M = 1
+# (TP16 +0.10, TP8 -0.54 .. -0.98, within the spread) and TP16 M = 2 (+1.70, 0 / 8)
+AX_MEASURED = frozenset({(384, 2), (384, 4)})
 MAX_AX_VECTORS = 32       # 16-byte W2 vectors a down lane holds with AX (128 registers)
 
 
-def down_ax(I: int, KT: int, cfg: dict) -> bool:
-    """K3FUSE_MOE_DOWN_AX (default AX_DEFAULT): the per-slot down kernel loads every W2 vector of a lane's KT / KS
-    slots ahead of its FMAs, the token's activations staged in shared memory behind a CTA barrier (ptxas otherwise
-    interleaves FMAs with the loads: 4 of 24 loads ahead of the first FMA at TP16 M = 1). Only where those vectors
-    fit MAX_AX_VECTORS per lane and the CTA's register share (bucket 1's KS = 4 configs: 12 at TP16, 24 at TP8);
-    elsewhere the SB batches."""
-    if os.environ.get("K3FUSE_MOE_DOWN_AX", AX_DEFAULT) == "0":
+def down_ax(I: int, KT: int, cfg: dict, bucket: int) -> bool:
+    """Whether the per-slot down kernel loads every W2 vector of a lane's KT / KS slots ahead of its FMAs, the
+    token's activations staged in shared memory behind a CTA barrier (ptxas otherwise interleaves FMAs with the
+    loads: 3 of 24 loads ahead of the first FMA at TP16 M = 1). K3FUSE_MOE_DOWN_AX=1 / 0 forces it on / off; unset,
+    where AX_MEASURED lists (I, bucket). Only where those vectors fit MAX_AX_VECTORS per lane and the CTA's register
+    share (bucket 1's KS = 4 configs: 12 at TP16, 24 at TP8); elsewhere the SB batches."""
+    v = os.environ.get("K3FUSE_MOE_DOWN_AX", "")
+    if v == "0" or (v != "1" and (I, bucket) not in AX_MEASURED):
         return False
     nvec = (KT // cfg.get("KS", 1)) * cfg["RT"] * ((I // 8) // cfg["LPR"])
     # 4 registers a vector + ~24 others within the per-thread share of the register file at this CTA size
@@ -285,7 +289,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
                   GROUP=group, CPC=cfg.get("CPC", 1) if group else 1, WD=cfg["WD"], LPR=cfg["LPR"], RT=cfg["RT"], VPL=(I // 8) // cfg["LPR"],
                   SB=cfg.get("SB", default_sb(KT, I, cfg["LPR"], cfg["RT"])), KS=cfg.get("KS", 1),
                   DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
-    if down_ax(I, KT, cfg):
+    if down_ax(I, KT, cfg, bucket):
         params["AX"] = True      # passed only when on: the other sources stay as they were
     # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were
     params.update(up_mma(I, D, KT, bucket, group, cfg.get("UPMMA")) or {})
@@ -313,7 +317,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
             os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
             os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""),
-            os.environ.get("K3FUSE_MOE_DOWN_AX", AX_DEFAULT))
+            os.environ.get("K3FUSE_MOE_DOWN_AX", ""))
     k = _built.get(memo)
     if k is not None:
         return k

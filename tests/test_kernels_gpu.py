@@ -691,3 +691,59 @@ def _gemv_chain(M):
         ref = ops.situ_glu._init_fn((h.double() @ wgu.double().t()).to(torch.bfloat16), 4.0, 25.0)
         assert rel(a, ref) < 1e-2
     graph_replays_poisoned(body, lambda: src.copy_(bf(M, K)), [x, h, a] + ys, check)
+
+
+@pytest.mark.parametrize("M", [1, 2])
+def test_gemv_x_staged_bit_identical(M, monkeypatch):
+    """K3FUSE_GEMV_XS=1 (x through shared memory, every weight load ahead of the FMAs; codegen/gemv.py x_staged): the
+    plain simt GEMV (a K tail at 2304 x 1536), the fused RMSNorm (fp32 and bf16 x) with and without SiTU-GLU, and the
+    grouped GEMV with a SiTU member, the router's fp32 logits and its top-k: the same bits as the default kernels
+    (only the load order changes), poisoned outputs, and against the reference."""
+    from k3fuse import ops
+    from k3fuse.codegen import gemv
+    K = 7168
+    x, xf = bf(M, K), torch.randn(M, K, device="cuda") * 3
+    w768, w2304, x1536 = bf(768, K, scale=K ** -0.5), bf(2304, 1536, scale=1536 ** -0.5), bf(M, 1536)
+    wn, nw = bf(1536, K, scale=K ** -0.5), bf(K, scale=0.3) + 1
+    ws = [bf(3584, K, scale=K ** -0.5), bf(768, K, scale=3 * K ** -0.5), bf(896, K, scale=K ** -0.5)]
+    bias = torch.randn(896, device="cuda") * 0.05
+    simt = {"variant": "simt", "R": 2, "W": 4}
+
+    def run():
+        out = {}
+        out["plain"] = gemv.linear(x, w768, {"variant": "simt", "R": 1, "W": 8})
+        out["tail"] = gemv.linear(x1536, w2304, simt)
+        y = torch.full((M, 768), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemv.linear_fused(xf, wn, nw, 1e-5, "situ", out=y)
+        out["norm_situ_f32"] = y
+        y = torch.full((M, 1536), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemv.linear_fused(x, wn, nw, 1e-5, "none", out=y)
+        out["norm_bf16"] = y
+        ys = [torch.full((M, 3584), float("nan"), device="cuda", dtype=torch.bfloat16),
+              torch.full((M, 384), float("nan"), device="cuda", dtype=torch.bfloat16),
+              torch.full((M, 896), float("nan"), device="cuda")]
+        sel = (torch.full((M, 16), -1, device="cuda", dtype=torch.int64), torch.full((M, 16), float("nan"), device="cuda"))
+        gemv.linear_group(x, ws, {"variant": "simt", "R": 4, "W": 4}, outs=ys, situ=((1,), 4.0, 25.0), f32=(2,),
+                          topk=(2, 16, True, 2.5), bias=bias, sel=sel)
+        out.update(g0=ys[0], g1=ys[1], g2=ys[2], ids=sel[0], wts=sel[1])
+        torch.cuda.synchronize()
+        return out
+
+    monkeypatch.setenv("K3FUSE_GEMV_XS", "0")
+    base = run()
+    monkeypatch.setenv("K3FUSE_GEMV_XS", "1")
+    assert gemv.render_source(768, K, M, {"variant": "simt", "R": 1, "W": 8})[1].count("sX = smem") == 1
+    got = run()
+    for k in base:
+        assert torch.equal(got[k], base[k]), k
+    assert rel(got["plain"], x.double() @ w768.double().t()) < 1e-2
+    assert rel(got["tail"], x1536.double() @ w2304.double().t()) < 1e-2
+    h = ops.rms_norm._init_fn(xf, nw, 1e-5, torch.bfloat16)
+    r = ops.situ_glu._init_fn((h.double() @ wn.double().t()).to(torch.bfloat16), 4.0, 25.0)
+    assert rel(got["norm_situ_f32"], r) < 1e-2
+    h = ops.rms_norm._init_fn(x, nw, 1e-5, torch.bfloat16)
+    assert rel(got["norm_bf16"], (h.double() @ wn.double().t()).to(torch.bfloat16)) < 1e-2
+    assert rel(got["g0"], x.double() @ ws[0].double().t()) < 1e-2
+    assert rel(got["g2"], x.double() @ ws[2].double().t()) < 1e-5
+    rids, _ = ops.topk_from_logits._init_fn(got["g2"], bias, 16, True, 2.5)
+    assert torch.equal(got["ids"], rids)

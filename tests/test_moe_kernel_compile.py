@@ -318,13 +318,13 @@ def test_down_ax_loads_ahead(tp, b, ks, wd, lpr, monkeypatch):
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
     I = I_TP[tp]
     cfg = dict(me.default_config(E, I, D, KT, b), KS=ks, WD=wd, SB=1, LPR=lpr, RT=1)     # the H200 table's
-    assert not me.down_ax(I, KT, dict(cfg, WD=8)) or ks * 8 * 32 <= 512      # 1024 threads: 64 registers, no room
+    assert not me.down_ax(I, KT, dict(cfg, WD=8), b) or ks * 8 * 32 <= 512      # 1024 threads: 64 registers, no room
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "0")
     plain = me.build(E, I, D, KT, b, cfg=cfg, arch="sm_90a", load=False)
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
-    assert me.down_ax(I, KT, cfg)
+    assert me.down_ax(I, KT, cfg, b)
     big = dict(cfg, KS=1)                      # 16 slots x VPL vectors: over the limit, so the SB batches
-    assert not me.down_ax(I, KT, big)
+    assert not me.down_ax(I, KT, big, b)
     with_ax = me.render_source(E, I, D, KT, b, cfg=big)[0]
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "0")
     assert me.render_source(E, I, D, KT, b, cfg=big)[0] == with_ax
@@ -344,3 +344,19 @@ def test_down_ax_loads_ahead(tp, b, ks, wd, lpr, monkeypatch):
     pfirst = next(i for i, o in enumerate(pops) if o.startswith("FFMA"))
     assert sum(1 for o in pops[:pfirst] if o.startswith("LDG") and "128" in o) < nvec // 2
     assert not any(o in ("STL", "LDL") for o in ops)
+
+
+def test_down_ax_follows_the_measured_rule(monkeypatch):
+    """Unset, K3FUSE_MOE_DOWN_AX takes AX_MEASURED: on at TP8 (I = 384) buckets 2 and 4, where the layer measured it
+    faster, off at bucket 1 and at TP16; =1 forces it where the vectors fit, =0 never."""
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_AX", raising=False)
+    cfg8 = dict(me.default_config(E, 384, D, KT, 2), KS=2, WD=2, LPR=16, RT=1, SB=1)
+    cfg16 = dict(me.default_config(E, 192, D, KT, 1), KS=4, WD=2, LPR=8, RT=1, SB=1)
+    assert me.down_ax(384, KT, cfg8, 2) and me.down_ax(384, KT, cfg8, 4) and not me.down_ax(384, KT, cfg8, 1)
+    assert not me.down_ax(192, KT, cfg16, 1) and not me.down_ax(192, KT, cfg16, 2)
+    assert "sA = smem" in me.render_source(E, 384, D, KT, 2, cfg=cfg8)[0]
+    assert "sA = smem" not in me.render_source(E, 192, D, KT, 1, cfg=cfg16)[0]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
+    assert me.down_ax(192, KT, cfg16, 1)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "0")
+    assert not me.down_ax(384, KT, cfg8, 2)

@@ -198,7 +198,7 @@ def test_moe_down_ax_bit_identical(experts, M, ks, wd, monkeypatch):
     outs = {}
     for ax in ("0", "1"):
         monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", ax)
-        assert me.down_ax(I, KT, cfg) == (ax == "1")
+        assert me.down_ax(I, KT, cfg, bucket_for(M)) == (ax == "1")
         out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
         me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, cfg, out=out)
         outs[ax] = out
