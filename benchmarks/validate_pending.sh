@@ -35,7 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s43            # next: K3FUSE_GEMV_XS: tests, memcheck, layer A/Bs
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s44            # the M = 1 rows, every backend, TP16 + TP8
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s43            # K3FUSE_GEMV_XS: tests, memcheck, layer A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s42            # K3FUSE_MOE_DOWN_AX: tests, memcheck, A/Bs; preload 1 vs 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s41            # K3FUSE_FRN_PRELOAD: tests, alone, ncu, layer A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s40            # fused_residual_norm alone + ncu; MLA M = 1 rows
@@ -619,6 +620,14 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s44 ]; then      # session 22 (last): the M = 1 rows, every backend, TP16 and TP8, with this session's defaults
+    for tp in 16 8; do
+        timeout 270 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 1 --top 16 \
+            --tag _m1_tp$tp > "$L/lb_m1_tp$tp.txt" 2>&1
+        echo "layer TP$tp M=1 every backend rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_tp$tp.txt" | tee -a "$S"
+        cp "$L"/layer_bench_m1_tp$tp.json "$OUT/" 2>/dev/null
+    done
+    tar czf "$OUT/logs_s44.tgz" -C "$L" .
 elif [ "$part" = s43 ]; then      # session 22 (third): K3FUSE_GEMV_XS (the simt GEMVs' weight loads all ahead of their FMAs,
     # x through shared memory): GPU tests (the GEMV suite with XS forced on), memcheck, layer A/Bs at M = 1, 2
     pytests xs 100 tests/test_kernels_gpu.py -k "x_staged"
