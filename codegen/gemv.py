@@ -317,7 +317,9 @@ def default_fused_config(N: int, K: int, bucket: int, fusion: dict, gpu: Optiona
     return {"variant": "simt", "R": R, "W": W}
 
 
-XS_DEFAULT = "0"          # not yet measured on a GPU (session 22)
+# 0 (opt-in): measured no faster in the layer (session 22, H200, layer_ab K3FUSE_GEMV_XS=0,1, RESULTS.md): M = 1 KDA /
+# MLA TP16 +0.04 / +0.51 us, TP8 +0.99 / +1.54 (1 / 10, 0 / 10 pairs faster); M = 2 TP16 +2.53 (0 / 8), TP8 +0.09
+XS_DEFAULT = "0"
 MAX_XS_BYTES = 32 * 1024  # x staged in shared memory: BM x K of the x dtype
 
 
