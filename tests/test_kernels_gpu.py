@@ -185,6 +185,17 @@ def frn_one_case(M, K, nb, addend, prefix, fp32, pair):
     return body, refill, check, out, newp
 
 
+def frn_one_against_two(case, monkeypatch, var, value):
+    """CUDA-graph replays of the one launch with poisoned outputs (checked against the reference), then the same
+    inputs through the two-launch path (var=value turns the one launch off): the same normed output (rel < 1e-2)."""
+    body, refill, check, out, newp = case
+    graph_replays_poisoned(body, refill, [out, newp], check)
+    one = out.clone()
+    monkeypatch.setenv(var, value)
+    body()
+    assert rel(one, out) < 1e-2
+
+
 def frn_one_run(case):
     """refill, poison both outputs, launch, check."""
     body, refill, check, out, newp = case
@@ -213,12 +224,7 @@ def test_fused_residual_norm_one_kernel(K, nb, addend, prefix, fp32, pair, monke
     for _ in range(5):
         frn_one_run(case)
     assert any(key[0] == "one" for key in frn._built)
-    body, refill, check, out, newp = case
-    graph_replays_poisoned(body, refill, [out, newp], check)
-    one = out.clone()
-    monkeypatch.setenv("K3FUSE_FRN_ONE_KERNEL", "0")
-    body()
-    assert rel(one, out) < 1e-2
+    frn_one_against_two(case, monkeypatch, "K3FUSE_FRN_ONE_KERNEL", "0")
 
 
 @pytest.mark.parametrize("M", [2, 3, 4])
@@ -240,12 +246,7 @@ def test_fused_residual_norm_one_kernel_rows(M, K, nb, addend, prefix, fp32, pai
     for m in (M, 1, M, M):
         frn_one_run(cases[m])
     assert any(key[0] == "one" and key[-1] == bucket_for(M) for key in frn._built)
-    body, refill, check, out, newp = cases[M]
-    graph_replays_poisoned(body, refill, [out, newp], check)
-    one = out.clone()
-    monkeypatch.setenv("K3FUSE_FRN_ONE_MAX_M", "1")
-    body()
-    assert rel(one, out) < 1e-2
+    frn_one_against_two(cases[M], monkeypatch, "K3FUSE_FRN_ONE_MAX_M", "1")
 
 
 @pytest.mark.parametrize("preload", ["1", "2"])
@@ -263,12 +264,7 @@ def test_fused_residual_norm_one_kernel_preload(M, K, nb, addend, prefix, fp32, 
     for _ in range(3):
         frn_one_run(case)
     assert any(key[0] == "one" and key[-2] == int(preload) for key in frn._built)
-    body, refill, check, out, newp = case
-    graph_replays_poisoned(body, refill, [out, newp], check)
-    one = out.clone()
-    monkeypatch.setenv("K3FUSE_FRN_ONE_KERNEL", "0")
-    body()
-    assert rel(one, out) < 1e-2
+    frn_one_against_two(case, monkeypatch, "K3FUSE_FRN_ONE_KERNEL", "0")
 
 
 @pytest.mark.parametrize("M", [1, 8, 64])
