@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s45            # the M = 2, 4, 8 rows, every backend, TP16 + TP8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s44            # the M = 1 rows, every backend, TP16 + TP8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s43            # K3FUSE_GEMV_XS: tests, memcheck, layer A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s42            # K3FUSE_MOE_DOWN_AX: tests, memcheck, A/Bs; preload 1 vs 2
@@ -620,6 +621,14 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s45 ]; then      # session 22: the M = 2, 4, 8 rows, every backend, TP16 and TP8 (the down's AX rule at TP8)
+    for tp in 16 8; do
+        timeout 280 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 2,4,8 --top 16 \
+            --tag _m248_tp$tp > "$L/lb_m248_tp$tp.txt" 2>&1
+        echo "layer TP$tp M=2,4,8 every backend rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m248_tp$tp.txt" | tee -a "$S"
+        cp "$L"/layer_bench_m248_tp$tp.json "$OUT/" 2>/dev/null
+    done
+    tar czf "$OUT/logs_s45.tgz" -C "$L" .
 elif [ "$part" = s44 ]; then      # session 22 (last): the M = 1 rows, every backend, TP16 and TP8, with this session's defaults
     for tp in 16 8; do
         timeout 270 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 1 --top 16 \
