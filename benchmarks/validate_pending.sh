@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s46            # next: K3FUSE_MLA_CPRE: tests, memcheck, MLA layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s45            # the M = 2, 4, 8 rows, every backend, TP16 + TP8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s44            # the M = 1 rows, every backend, TP16 + TP8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s43            # K3FUSE_GEMV_XS: tests, memcheck, layer A/Bs
@@ -621,6 +622,12 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s46 ]; then      # session 22 (last): K3FUSE_MLA_CPRE (the MLA combine's first 32 partials loaded before its
+    # log-sum-exp pass): GPU tests, memcheck, layer A/B at M = 1, 2
+    pytests cpre 120 tests/test_mla_kernel_gpu.py -k "combine_preload"
+    memcheck memcheck_cpre 100 tests/test_mla_kernel_gpu.py -k "combine_preload and (three_launches-64 or one_launch-7)"
+    ab_run cpre 150 --var K3FUSE_MLA_CPRE=0,32 --kinds mla --tp 16,8 --ms 1,2 --pairs 10
+    tar czf "$OUT/logs_s46.tgz" -C "$L" .
 elif [ "$part" = s45 ]; then      # session 22: the M = 2, 4, 8 rows, every backend, TP16 and TP8 (the down's AX rule at TP8)
     for tp in 16 8; do
         timeout 280 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 2,4,8 --top 16 \

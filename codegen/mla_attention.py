@@ -32,6 +32,7 @@ registered by registry.register() (IMPLS).
 from __future__ import annotations
 
 import functools
+import os
 from typing import Optional
 
 from .render import render
@@ -190,6 +191,20 @@ def supports(h: int, n: int, v: int, r: int, C: int, tt: int = DEFAULT_TT) -> Op
     return None
 
 
+CPRE_DEFAULT = "0"        # not yet measured on a GPU (session 22)
+MAX_CPRE_REGS = 128       # fp32 registers of preloaded partials per combine thread
+
+
+def combine_preload(C: int, one: bool) -> int:
+    """K3FUSE_MLA_CPRE=N (default CPRE_DEFAULT): the combine loads its first N splits' partials of o_lat (each
+    thread's C / NT3 columns) at its start, before the log-sum-exp pass, whose result they do not depend on; the
+    rest as before. At M = 1 (NS = 32 splits of a 1024-token context) the merge otherwise pays the max / sum round
+    trip and then one L2 round trip per 8 splits (the dynamic loop's unroll). Capped at MAX_CPRE_REGS registers."""
+    n = int(os.environ.get("K3FUSE_MLA_CPRE", CPRE_DEFAULT) or 0)
+    cpt = C // (256 if one else 128)
+    return max(0, min(n, MAX_CPRE_REGS // cpt))
+
+
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                     gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False) -> dict:
@@ -205,7 +220,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype),
                 ONE=one_g is not None, G=int(one_g or 0), TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=ONE_SPIN_NS,
-                PREFETCH=one_g is not None and one_prefetch())
+                PREFETCH=one_g is not None and one_prefetch(), CPRE=combine_preload(C, one_g is not None))
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
@@ -237,7 +252,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     eps = float(append_eps) if append_eps is not None else None
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
-            bool(pipe), mma_scores(padded_heads(h), r, C, tt))
+            bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None))
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe)

@@ -531,3 +531,28 @@ def test_mla_mma_score_fragments_emulated():
     assert torch.isfinite(scores).all()
     assert torch.allclose(scores, Ct @ (hi + lo).T, rtol=0, atol=1e-10)
     assert ((scores - Ct @ q.T).norm() / (Ct @ q.T).norm()).item() < 1e-4
+
+
+@pytest.mark.parametrize("h", [6, 12])
+def test_mla_combine_preload_loads_ahead(h, monkeypatch, isolated_kernel_cache):
+    """K3FUSE_MLA_CPRE=32: the combine kernel issues its 32 preloaded partials' 16-byte loads (with its W_UV rows)
+    before the log-sum-exp pass, so in the SASS they all precede its first FFMA (the default: the merge's loop loads
+    8 at a time, after that pass); no local memory; capped at MAX_CPRE_REGS registers."""
+    import subprocess
+    from test_codegen_compile import _nvdisasm
+    monkeypatch.setenv("K3FUSE_MLA_CPRE", "1000")
+    assert ma.combine_preload(512, False) == ma.MAX_CPRE_REGS // 4 and ma.combine_preload(512, True) == 64
+    monkeypatch.setenv("K3FUSE_MLA_CPRE", "32")
+    k = ma.build(h, **K3, scale=SCALE, arch="sm_90a", load=False, splits=ma.splits_for(1, h), append_eps=1e-6,
+                 gate=True, out_dtype=torch.bfloat16, pipe=True)
+    assert "CPRE = 32 " in k.source
+    assert "ld.local" not in open(k.files["kernel.ptx"]).read()
+    nd = _nvdisasm()
+    if nd is None:
+        pytest.skip("nvdisasm not installed: the SASS order is not checked")
+    sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+    f = next(p for p in re.split(r"\n\s*\.text\.", sass) if p.startswith("kernel_cutlass_combine_kernel"))
+    ops = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", f)
+    first = next(i for i, o in enumerate(ops) if o.startswith("FFMA"))
+    assert sum(1 for o in ops[:first] if o.startswith("LDG") and "128" in o) >= 32
+    assert not any(o in ("STL", "LDL") for o in ops)

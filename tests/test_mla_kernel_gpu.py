@@ -336,3 +336,21 @@ def test_mla_mma_scores_match_reference(M, T, seq_lens, h, pipe, mma, monkeypatc
     o = run_kernel(args)
     torch.cuda.synchronize()
     assert rel(o, reference(*args, SCALE)) < 1e-2
+
+
+@pytest.mark.parametrize("n_split", [1, 7, 32, 64])
+@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
+def test_mla_combine_preload_bit_identical(n_split, one, seed, monkeypatch):
+    """K3FUSE_MLA_CPRE=32 (the combine's first 32 splits' partials loaded before its log-sum-exp pass): fewer splits
+    than that (1, 7), exactly (32) and more (64, the dynamic loop after the preloaded ones) give the same bits as the
+    default combine (the same sums in the same order), poisoned output, and match the reference."""
+    from k3fuse.codegen import mla_attention as ma
+    args = inputs(3, 12, 2600, [2599, 300, 0])
+    outs = {}
+    for cpre in ("0", "32"):
+        monkeypatch.setenv("K3FUSE_MLA_CPRE", cpre)
+        assert ma.combine_preload(C, one) == int(cpre)
+        outs[cpre] = run_kernel(args, n_split, one=one)
+    torch.cuda.synchronize()
+    assert torch.equal(outs["0"], outs["32"])
+    assert rel(outs["32"], reference(*args, SCALE)) < 1e-2
