@@ -35,7 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s46            # next: K3FUSE_MLA_CPRE: tests, memcheck, MLA layer A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s47            # the MLA M = 1 rows with CPRE = 32
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s46            # K3FUSE_MLA_CPRE: tests, memcheck, MLA layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s45            # the M = 2, 4, 8 rows, every backend, TP16 + TP8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s44            # the M = 1 rows, every backend, TP16 + TP8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s43            # K3FUSE_GEMV_XS: tests, memcheck, layer A/Bs
@@ -622,6 +623,11 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s47 ]; then      # session 22: the MLA M = 1 rows with the combine's preload (CPRE = 32, the default now)
+    timeout 190 python3 benchmarks/layer_bench.py --out "$L" --kinds mla --tp 16,8 --ms 1 --top 16 --tag _mla_m1 \
+        > "$L/lb_mla_m1.txt" 2>&1
+    echo "layer MLA TP16, TP8 M=1 every backend rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_mla_m1.txt" | tee -a "$S"
+    cp "$L"/layer_bench_mla_m1.json "$OUT/" 2>/dev/null
 elif [ "$part" = s46 ]; then      # session 22 (last): K3FUSE_MLA_CPRE (the MLA combine's first 32 partials loaded before its
     # log-sum-exp pass): GPU tests, memcheck, layer A/B at M = 1, 2
     pytests cpre 120 tests/test_mla_kernel_gpu.py -k "combine_preload"

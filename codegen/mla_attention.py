@@ -191,7 +191,9 @@ def supports(h: int, n: int, v: int, r: int, C: int, tt: int = DEFAULT_TT) -> Op
     return None
 
 
-CPRE_DEFAULT = "0"        # not yet measured on a GPU (session 22)
+# 32 since session 22 (H200, layer_ab K3FUSE_MLA_CPRE=0,32, MLA + MoE, 10 pairs, RESULTS.md): TP16 M = 1 -1.79 us
+# (10 / 10), M = 2 -0.96 (9 / 10); TP8 M = 1 -1.32 (10 / 10), M = 2 -1.32 (9 / 10)
+CPRE_DEFAULT = "32"
 MAX_CPRE_REGS = 128       # fp32 registers of preloaded partials per combine thread
 
 
