@@ -39,7 +39,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s46            # K3FUSE_MLA_CPRE: tests, memcheck, MLA layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s45            # the M = 2, 4, 8 rows, every backend, TP16 + TP8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s44            # the M = 1 rows, every backend, TP16 + TP8
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s43            # K3FUSE_GEMV_XS: tests, memcheck, layer A/Bs
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s43            # K3FUSE_GEMV_XS (since removed: no faster): tests, memcheck, layer A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s42            # K3FUSE_MOE_DOWN_AX: tests, memcheck, A/Bs; preload 1 vs 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s41            # K3FUSE_FRN_PRELOAD: tests, alone, ncu, layer A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s40            # fused_residual_norm alone + ncu; MLA M = 1 rows

@@ -182,9 +182,11 @@ PRELOAD_DEFAULT = "1"
 
 
 def one_preload() -> int:
-    """K3FUSE_FRN_PRELOAD (default PRELOAD_DEFAULT): the one-launch kernel's projection loads every weight and x vector
-    in a loop of its own before the first FMA (all in flight at once; the interleaved loop has ptxas hoist 9 of 21
-    weight loads at K = 768), with clamped indices instead of branches at M = 2..4. Read when a kernel is rendered."""
+    """K3FUSE_FRN_PRELOAD (default PRELOAD_DEFAULT): how the one-launch kernel's projection orders its loads. 0: the
+    interleaved loop (ptxas issues 5 of a thread's 21 weight loads at K = 768 before its first FMA); 1: every weight
+    load first, x staged in shared memory behind a CTA barrier (which holds the FMAs back); 2: every weight load
+    first, x loaded after a warp sync. 1 and 2 clamp indices instead of branching at M = 2..4. Read when a kernel is
+    rendered."""
     return int(os.environ.get("K3FUSE_FRN_PRELOAD", PRELOAD_DEFAULT) or 0)
 
 

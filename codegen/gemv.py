@@ -317,32 +317,6 @@ def default_fused_config(N: int, K: int, bucket: int, fusion: dict, gpu: Optiona
     return {"variant": "simt", "R": R, "W": W}
 
 
-# 0 (opt-in): measured no faster in the layer (session 22, H200, layer_ab K3FUSE_GEMV_XS=0,1, RESULTS.md): M = 1 KDA /
-# MLA TP16 +0.04 / +0.51 us, TP8 +0.99 / +1.54 (1 / 10, 0 / 10 pairs faster); M = 2 TP16 +2.53 (0 / 8), TP8 +0.09
-XS_DEFAULT = "0"
-MAX_XS_BYTES = 32 * 1024  # x staged in shared memory: BM x K of the x dtype
-
-
-def x_staged(K: int, bucket: int, x_fp32: bool, ITERS: int, RR: int, W: int) -> bool:
-    """K3FUSE_GEMV_XS (default XS_DEFAULT): the simt GEMV stages x in shared memory behind a CTA barrier, so that
-    every weight load of a thread is issued before its first FMA (ptxas otherwise interleaves them: 3 of 14 ahead at
-    M = 1, K = 7168). Where x fits MAX_XS_BYTES and the ITERS x RR weight vectors (4 registers each, ~40 others) fit
-    the thread's share of the register file. Read when a kernel is rendered."""
-    if os.environ.get("K3FUSE_GEMV_XS", XS_DEFAULT) == "0":
-        return False
-    return (bucket * K * (4 if x_fp32 else 2) <= MAX_XS_BYTES
-            and 4 * ITERS * RR + 40 <= min(255, 65536 // (32 * W)))
-
-
-def _stage_x(params: dict, bucket: int) -> dict:
-    """Adds XS to a simt kernel's params where x_staged says so (passed only when on: other sources stay as they
-    were)."""
-    rr = 2 * params["R"] if params.get("ACT") == "situ" else params["R"]
-    if x_staged(params["K"], bucket, bool(params.get("XF32")), params["ITERS"], rr, params["W"]):
-        params["XS"] = True
-    return params
-
-
 def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
                   fusion: Optional[dict] = None) -> tuple[str, str, dict]:
     fusion = dict(NO_FUSION, **(fusion or {}))
@@ -358,8 +332,6 @@ def render_source(N: int, K: int, bucket: int, cfg: Optional[dict] = None,
                       ACT=fusion["act"], BETA=repr(float(fusion["beta"])), LBETA=repr(float(fusion["lbeta"])))
     if fusion["y_fp32"]:
         params["YF32"] = True
-    if cfg["variant"] == "simt":
-        _stage_x(params, bucket)
     return template, render(template, **params), cfg
 
 
@@ -372,8 +344,7 @@ def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optiona
     hashing (the compile/disk-cache layer below is keyed by the rendered source)."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load,
-            os.environ.get("K3FUSE_GEMV_XS", XS_DEFAULT))
+    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load)
     k = _built.get(memo)
     if k is not None:
         return k
@@ -614,8 +585,6 @@ def render_group_source(Ns, K: int, bucket: int, cfg: Optional[dict] = None, sit
                               VPT=-(-Ns[j] // (32 * cfg["W"])), RANK=rank_select())
     if cfg["variant"] == "mma":
         params["PRED_N"] = False     # per-member row predication (GPRED) instead
-    else:
-        _stage_x(params, bucket)
     return template, render(template, **params), cfg
 
 
@@ -628,7 +597,7 @@ def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optio
     topk = (int(topk[0]), int(topk[1]), bool(topk[2]), float(topk[3])) if topk else None
     from .router_topk import rank_select
     memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, situ, f32, topk,
-            bool(topk) and rank_select(), os.environ.get("K3FUSE_GEMV_XS", XS_DEFAULT))
+            bool(topk) and rank_select())
     k = _built.get(memo)
     if k is not None:
         return k

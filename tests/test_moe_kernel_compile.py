@@ -318,7 +318,8 @@ def test_down_ax_loads_ahead(tp, b, ks, wd, lpr, monkeypatch):
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
     I = I_TP[tp]
     cfg = dict(me.default_config(E, I, D, KT, b), KS=ks, WD=wd, SB=1, LPR=lpr, RT=1)     # the H200 table's
-    assert not me.down_ax(I, KT, dict(cfg, WD=8), b) or ks * 8 * 32 <= 512      # 1024 threads: 64 registers, no room
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
+    assert not me.down_ax(I, KT, dict(cfg, WD=8, KS=4), b)     # 1024 threads: 64 registers each, no room for 12+
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "0")
     plain = me.build(E, I, D, KT, b, cfg=cfg, arch="sm_90a", load=False)
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
