@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s48            # kda_decode on a cluster per head: tests, memcheck, bench, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s47            # the MLA M = 1 rows with CPRE = 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s46            # K3FUSE_MLA_CPRE: tests, memcheck, MLA layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s45            # the M = 2, 4, 8 rows, every backend, TP16 + TP8
@@ -623,6 +624,16 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s48 ]; then      # session 23: kda_decode on a cluster of CTAs per (token, head) (K3FUSE_KDA_CLUSTER)
+    pytests kda_decode 240 tests/test_kda_kernel_gpu.py -k "decode"
+    memcheck memcheck_kda_cluster 150 tests/test_kda_kernel_gpu.py -k "cluster_in_place and contiguous and 1-6"
+    timeout 150 python3 benchmarks/kda_decode_bench.py --out "$L" --heads 6,12 --ms 1,2,4 --clusters 1,2,4,8 \
+        > "$L/kda_bench.txt" 2>&1
+    echo "kda_decode_bench rc=$?" | tee -a "$S"; sed -n '/^copy bandwidth/,$p' "$L/kda_bench.txt" | tee -a "$S"
+    cp "$L/kda_decode_bench.json" "$OUT/" 2>/dev/null
+    ab_run kda_cl4 150 --var K3FUSE_KDA_CLUSTER=1,4 --kinds kda --tp 16,8 --ms 1,2 --pairs 10
+    ab_run kda_cl8 100 --var K3FUSE_KDA_CLUSTER=1,8 --kinds kda --tp 16,8 --ms 1 --pairs 10
+    tar czf "$OUT/logs_s48.tgz" -C "$L" .
 elif [ "$part" = s47 ]; then      # session 22: the MLA M = 1 rows with the combine's preload (CPRE = 32, the default now)
     timeout 190 python3 benchmarks/layer_bench.py --out "$L" --kinds mla --tp 16,8 --ms 1 --top 16 --tag _mla_m1 \
         > "$L/lb_mla_m1.txt" 2>&1

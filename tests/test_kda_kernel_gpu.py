@@ -225,3 +225,66 @@ def test_kda_decode_in_place(M, h, layout, seed):
         assert torch.isnan(wide_S[..., d:]).all()
     if layout == "conv_strided":
         assert (wide_C[..., 3 * h * d:] == 0).all()
+
+
+def _cluster_ran(cl):
+    from k3fuse.codegen import kda_recurrent as kr
+    return any(key[-1] == cl and key[-2] is not None for key in kr._built)
+
+
+@pytest.mark.parametrize("cl", [2, 4, 8])
+@pytest.mark.parametrize("M,h", [(1, 6), (3, 12), (8, 6)])
+@pytest.mark.parametrize("xdt,fdt,odt,newest", [(torch.bfloat16, torch.bfloat16, torch.bfloat16, True),
+                                                 (torch.float32, torch.float32, torch.float32, False)])
+def test_kda_decode_cluster_matches_reference(cl, M, h, xdt, fdt, odt, newest, seed, monkeypatch):
+    """K3FUSE_KDA_CLUSTER=cl (a cluster of cl CTAs per (token, head), the gated norm's sum over DSMEM) against the
+    reference, outputs NaN-poisoned, inputs unwritten (test_kda_decode_matches_reference); the cl kernel ran."""
+    from k3fuse.codegen import compile as kcompile
+    from k3fuse.codegen import kda_recurrent as kr
+    monkeypatch.setenv("K3FUSE_KDA_CLUSTER", str(cl))
+    kcompile.clear_memo()
+    kr._built.clear()
+    try:
+        test_kda_decode_matches_reference(M, h, xdt, fdt, odt, newest, seed)
+        assert _cluster_ran(cl)
+    finally:
+        monkeypatch.delenv("K3FUSE_KDA_CLUSTER")
+        kcompile.clear_memo()
+        kr._built.clear()
+
+
+@pytest.mark.parametrize("cl", [4, 8])
+@pytest.mark.parametrize("M,h", [(1, 6), (3, 12)])
+@pytest.mark.parametrize("layout", ["contiguous", "conv_strided"])
+def test_kda_decode_cluster_in_place(cl, M, h, layout, seed, monkeypatch):
+    """In place with a cluster: every CTA of a head reads the conv state, rank 0 writes it after the cluster
+    barrier, so the state read is never the new one (test_kda_decode_in_place, equal to the reference)."""
+    from k3fuse.codegen import compile as kcompile
+    from k3fuse.codegen import kda_recurrent as kr
+    monkeypatch.setenv("K3FUSE_KDA_CLUSTER", str(cl))
+    kcompile.clear_memo()
+    kr._built.clear()
+    try:
+        for _ in range(3):                       # repeated: a read-after-write race would show as a mismatch
+            test_kda_decode_in_place(M, h, layout, seed)
+        assert _cluster_ran(cl)
+    finally:
+        monkeypatch.delenv("K3FUSE_KDA_CLUSTER")
+        kcompile.clear_memo()
+        kr._built.clear()
+
+
+def test_kda_decode_cluster_in_graph(seed, monkeypatch):
+    """The registered op with a cluster of 4, replayed in a CUDA graph on new inputs (test_kda_decode_cuda_impl_in_graph)."""
+    from k3fuse.codegen import compile as kcompile
+    from k3fuse.codegen import kda_recurrent as kr
+    monkeypatch.setenv("K3FUSE_KDA_CLUSTER", "4")
+    kcompile.clear_memo()
+    kr._built.clear()
+    try:
+        test_kda_decode_cuda_impl_in_graph(seed)
+        assert _cluster_ran(4)
+    finally:
+        monkeypatch.delenv("K3FUSE_KDA_CLUSTER")
+        kcompile.clear_memo()
+        kr._built.clear()
