@@ -35,7 +35,9 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s48            # kda_decode on a cluster per head: tests, memcheck, bench, A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s50            # the M = 1 rows with max-autotune, TP16 and TP8
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s49            # the MLA M = 2, 4, 8 rows; FRN_PRELOAD 1 vs 2, 16 pairs
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s48            # kda_decode on a cluster per head (at 54d6841; since removed)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s47            # the MLA M = 1 rows with CPRE = 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s46            # K3FUSE_MLA_CPRE: tests, memcheck, MLA layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s45            # the M = 2, 4, 8 rows, every backend, TP16 + TP8
@@ -624,7 +626,25 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
-elif [ "$part" = s48 ]; then      # session 23: kda_decode on a cluster of CTAs per (token, head) (K3FUSE_KDA_CLUSTER)
+elif [ "$part" = s50 ]; then      # session 23: the M = 1 rows with max-autotune in the same run, TP16 and TP8
+    for tp in 16 8; do
+        timeout 280 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 1 --top 16 --max-autotune \
+            --tag _m1_tp${tp}_mat > "$L/lb_m1_tp${tp}_mat.txt" 2>&1
+        echo "layer TP$tp M=1 every backend + max-autotune rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_tp${tp}_mat.txt" | tee -a "$S"
+        cp "$L"/layer_bench_m1_tp${tp}_mat.json "$OUT/" 2>/dev/null
+    done
+    tar czf "$OUT/logs_s50.tgz" -C "$L" .
+elif [ "$part" = s49 ]; then      # session 23: the MLA M = 2, 4, 8 rows with the combine's preload; PRELOAD 1 vs 2 at 16 pairs
+    for tp in 16 8; do
+        timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds mla --tp $tp --ms 2,4,8 --top 16 \
+            --tag _mla_m248_tp$tp > "$L/lb_mla_m248_tp$tp.txt" 2>&1
+        echo "layer MLA TP$tp M=2,4,8 every backend rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_mla_m248_tp$tp.txt" | tee -a "$S"
+        cp "$L"/layer_bench_mla_m248_tp$tp.json "$OUT/" 2>/dev/null
+    done
+    ab_run pre12 150 --var K3FUSE_FRN_PRELOAD=1,2 --kinds kda,mla --tp 8,16 --ms 1 --pairs 16
+    tar czf "$OUT/logs_s49.tgz" -C "$L" .
+elif [ "$part" = s48 ]; then      # session 23: kda_decode on a cluster of CTAs per (token, head) (K3FUSE_KDA_CLUSTER, since removed:
+    # measured no faster; the variant is in git at 54d6841, where this part runs)
     pytests kda_decode 240 tests/test_kda_kernel_gpu.py -k "decode"
     memcheck memcheck_kda_cluster 150 tests/test_kda_kernel_gpu.py -k "cluster_in_place and contiguous and 1-6"
     timeout 150 python3 benchmarks/kda_decode_bench.py --out "$L" --heads 6,12 --ms 1,2,4 --clusters 1,2,4,8 \

@@ -42,7 +42,7 @@ def supports(d: int, lpr: int = DEFAULT_LPR) -> Optional[str]:
 
 
 def template_params(d: int, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound: float = -5.0,
-                    lpr: int = DEFAULT_LPR, min_blocks: int = 1, fused: Optional[dict] = None, cl: int = 1) -> dict:
+                    lpr: int = DEFAULT_LPR, min_blocks: int = 1, fused: Optional[dict] = None) -> dict:
     """fused (kda_decode only): dict(kc=conv taps, fk=f_b input width, newest_last, x=q0/k0/v0 + conv state dtype,
     f=fa / f_b dtype, g=go dtype, o=output dtype, eps); a_dtype is then unused (the decay input is computed)."""
     threads = d * lpr
@@ -58,43 +58,7 @@ def template_params(d: int, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound:
                  GDT=_dtname(fused["g"]), ODT=_dtname(fused["o"]), EPS=repr(float(fused["eps"])), ADT=fdt)
         if fa_smem() and p["FK"] // p["FV"] <= 32:       # only when set: the default source stays as it was
             p.update(FA_SMEM=True, WFA=nwarps - 1)
-        if cl > 1:                                       # likewise
-            p["CL"] = cl
     return p
-
-
-# A cluster of CL CTAs per (token, head) in the fused decode kernel (templates/kda_recurrent.py.jinja, CLUSTER): one
-# SM per head streams 64 KB of S in and 64 KB out, which at TP16 M = 1 (6 heads: 6 CTAs on 132 SMs) is what the
-# kernel's ~6 us is made of (ncu, session 6: DRAM 1.4%, latency chains). CL SMs per head split the rows.
-CLUSTER_SIZES = (1, 2, 4, 8)
-# Rows R = M * h -> CL where measured faster in the layer (benchmarks/layer_ab.py --var K3FUSE_KDA_CLUSTER=...);
-# a row count not listed runs CL = 1 (the kernel as it was).
-CLUSTER_BY_ROWS: dict = {}
-
-
-def decode_cluster(rows: int, lpr: int = DEFAULT_LPR, d: int = 128) -> int:
-    """K3FUSE_KDA_CLUSTER: CTAs per (token, head) of the fused decode kernel, 1 / 2 / 4 / 8; unset or 'auto' takes
-    CLUSTER_BY_ROWS for this row count (M * h). A size the shape cannot take (d / 4 not a multiple of lpr * CL, or
-    more than 32 lanes per row) falls back to the largest one that fits. Read at every launch."""
-    v = os.environ.get("K3FUSE_KDA_CLUSTER", "").strip().lower()
-    if v in ("", "auto"):
-        cl = CLUSTER_BY_ROWS.get(rows, 1)
-    else:
-        cl = int(v)
-        if cl not in CLUSTER_SIZES:
-            raise ValueError(f"K3FUSE_KDA_CLUSTER={v!r}: one of {CLUSTER_SIZES} or auto")
-    while cl > 1 and cluster_reason(d, lpr, cl):
-        cl //= 2
-    return cl
-
-
-def cluster_reason(d: int, lpr: int, cl: int) -> Optional[str]:
-    """None if the fused kernel can split a head's d rows of S over cl CTAs at lpr lanes per row, else why not."""
-    if cl not in CLUSTER_SIZES:
-        return f"cluster of {cl} (sizes {CLUSTER_SIZES})"
-    if lpr * cl > 32 or (d // 4) % (lpr * cl):
-        return f"d = {d} at {lpr} lane(s) per row cannot split over {cl} CTAs (d / 4 chunks over lpr * cl <= 32 lanes)"
-    return None
 
 
 def fa_smem() -> bool:
@@ -129,36 +93,31 @@ def supports_fused(d: int, kc: int, fk: int, f_dtype="bfloat16", lpr: int = DEFA
 
 
 def render_source(d: int, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound: float = -5.0,
-                  lpr: int = DEFAULT_LPR, min_blocks: int = 1, fused: Optional[dict] = None, cl: int = 1) -> str:
+                  lpr: int = DEFAULT_LPR, min_blocks: int = 1, fused: Optional[dict] = None) -> str:
     """min_blocks > 1 adds launch bounds (minctasm) and a default shared-memory carveout attribute to the launch
-    (untested on a GPU). Without it, d = 128 / lpr = 2 already takes 104-119 registers, i.e. 2 CTAs per SM.
-    cl > 1 (the fused kernel only): a cluster of cl CTAs per (token, head)."""
+    (untested on a GPU). Without it, d = 128 / lpr = 2 already takes 104-119 registers, i.e. 2 CTAs per SM."""
     why = supports_fused(d, fused["kc"], fused["fk"], fused["f"], lpr) if fused else supports(d, lpr)
-    if not why and cl != 1:
-        why = cluster_reason(d, lpr, cl) if fused else "a cluster per head only in the fused (kda_decode) kernel"
     if why:
         raise ValueError(why)
-    return render(TEMPLATE, **template_params(d, a_dtype, b_dtype, lower_bound, lpr, min_blocks, fused, cl))
+    return render(TEMPLATE, **template_params(d, a_dtype, b_dtype, lower_bound, lpr, min_blocks, fused))
 
 
 _built: dict = {}
 
 
 def build(d: int = 128, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound: float = -5.0, lpr: int = DEFAULT_LPR,
-          arch: Optional[str] = None, load: bool = True, fused: Optional[dict] = None, cl: int = 1):
+          arch: Optional[str] = None, load: bool = True, fused: Optional[dict] = None):
     """Compile (through the disk cache) the kernel for head dim d, dtypes of a / b, lower_bound, lanes per row,
     the fused variant's parameters and arch. The rendered source bakes every one of these, so the cache key (sha256
     of source + arch) covers them."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     fkey = tuple(sorted((k, str(v)) for k, v in fused.items())) if fused else None
-    memo = (d, _dtname(a_dtype), _dtname(b_dtype), float(lower_bound), lpr, arch, load, fkey, cl)
+    memo = (d, _dtname(a_dtype), _dtname(b_dtype), float(lower_bound), lpr, arch, load, fkey)
     if memo in _built:
         return _built[memo]
-    src = render_source(d, a_dtype, b_dtype, lower_bound, lpr, fused=fused, cl=cl)
+    src = render_source(d, a_dtype, b_dtype, lower_bound, lpr, fused=fused)
     config = dict(lpr=lpr, threads=d * lpr, a=_dtname(a_dtype), b=_dtname(b_dtype), lower_bound=float(lower_bound))
-    if cl > 1:
-        config["cluster"] = cl
     if fused:
         config["fused"] = {k: (v if isinstance(v, (int, float, bool)) else str(v)) for k, v in fused.items()}
     meta = dict(family=FAMILY, op=OP_FUSED if fused else OP, shape=dict(d=d), template=TEMPLATE, config=config)
@@ -305,8 +264,7 @@ def kda_decode(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias,
     R = M * h
     f32 = torch.float32
     fused = fused_params(q0, conv_state, q_taps, fa, go, eps, newest_tap_last, out_dtype)
-    lpr = decode_lpr()
-    kern = build(d, fa.dtype, b.dtype, float(lower_bound), lpr=lpr, fused=fused, cl=decode_cluster(R, lpr, d))
+    kern = build(d, fa.dtype, b.dtype, float(lower_bound), lpr=decode_lpr(), fused=fused)
     x = [_prep(t, (R, d)) for t in (q0, k0, v0)]
     cs = _prep(conv_state, tuple(conv_state.shape))
     taps = [_prep(t, tuple(t.shape), f32) for t in (q_taps, k_taps, v_taps)]

@@ -1,6 +1,5 @@
 """k3fuse::kda_recurrent kernel (codegen/kda_recurrent.py): renders and compiles for sm_90a and sm_100a without a
 GPU; the PTX has 128-bit state loads / stores and ptxas reports no spills."""
-import os
 import re
 
 import pytest
@@ -191,47 +190,3 @@ def test_kda_decode_fa_smem_issues_wide_loads_first(arch, monkeypatch):
         assert "ld.local" not in ptx and "st.local" not in ptx
     assert ffma_before_last_wide_load(staged) == 0
     assert ffma_before_last_wide_load(default) > 0
-
-
-@pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("cl", [2, 4, 8])
-def test_kda_decode_cluster_compiles(arch, cl):
-    """A cluster of cl CTAs per (token, head) (K3FUSE_KDA_CLUSTER): each CTA moves d / cl rows of S, so a lane
-    holds d / 4 / (lpr * cl) 128-bit chunks; the conv state is written once (rank 0: 3 warps x d / 32 channels per
-    lane x (K - 1)); the gated norm's sum goes through the cluster (barrier.cluster, mapa, ld.shared::cluster: one
-    load per rank); no local memory."""
-    d, lpr = 128, kr.DEFAULT_LPR
-    k = kr.build(d, "bfloat16", "bfloat16", -5.0, lpr=lpr, arch=arch, load=False, fused=FUSED_K3, cl=cl)
-    ptx = open(k.files["kernel.ptx"]).read()
-    snch = d // 4 // (lpr * cl)
-    stores = ops(ptx, "st")
-    assert sum(map(is_128bit, stores)) == snch, stores
-    assert len(stores) == snch + 3 * (d // 32) * (FUSED_K3["kc"] - 1) + 1, len(stores)
-    assert "ld.local" not in ptx and "st.local" not in ptx
-    assert ptx.count("barrier.cluster.arrive") == 2 and ptx.count("barrier.cluster.wait") == 2
-    assert len(re.findall(r"ld\.shared::cluster\.f32", ptx)) == cl
-    src = open(k.files["kernel.py"]).read()
-    assert f"CL = {cl} " in src and "cluster=[CL, 1, 1]" in src
-    import json
-    meta = json.loads(open(os.path.join(os.path.dirname(k.files["kernel.py"]), "meta.json")).read())
-    assert meta["config"]["cluster"] == cl
-
-
-def test_kda_decode_cluster_knob(monkeypatch):
-    """decode_cluster(): the env knob, the measured table's default, the fallback to a size the shape takes, and
-    the errors: a bad value, and a cluster for the unfused kernel."""
-    monkeypatch.delenv("K3FUSE_KDA_CLUSTER", raising=False)
-    monkeypatch.setattr(kr, "CLUSTER_BY_ROWS", {6: 4})
-    assert kr.decode_cluster(6) == 4 and kr.decode_cluster(7) == 1
-    monkeypatch.setenv("K3FUSE_KDA_CLUSTER", "auto")
-    assert kr.decode_cluster(6) == 4
-    monkeypatch.setenv("K3FUSE_KDA_CLUSTER", "8")
-    assert kr.decode_cluster(6) == 8 and kr.decode_cluster(6, lpr=4) == 8
-    assert kr.decode_cluster(6, lpr=4, d=64) == 4            # d / 4 = 16 chunks over 4 x 8 = 32 lanes: no; 16: yes
-    monkeypatch.setenv("K3FUSE_KDA_CLUSTER", "3")
-    with pytest.raises(ValueError, match="KDA_CLUSTER"):
-        kr.decode_cluster(6)
-    assert "split" in kr.cluster_reason(64, 4, 8) and kr.cluster_reason(128, 2, 8) is None
-    with pytest.raises(ValueError, match="fused"):
-        kr.render_source(128, cl=2)
-    assert "CL = 1 " in kr.render_source(128, fused=FUSED_K3) and "cluster=" not in kr.render_source(128, fused=FUSED_K3)
