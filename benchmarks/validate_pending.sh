@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s51            # the one-launch frn at M = 2..4, pairs over all warps: tests, alone, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s50            # the M = 1 rows with max-autotune, TP16 and TP8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s49            # the MLA M = 2, 4, 8 rows; FRN_PRELOAD 1 vs 2, 16 pairs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s48            # kda_decode on a cluster per head (at 54d6841; since removed)
@@ -626,6 +627,16 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s51 ]; then      # session 23: the one-launch fused_residual_norm at M = 2..4 with the (row, column) pairs
+    # spread over all warps: GPU tests, memcheck, the op alone against two launches, the layer A/B (one vs two launches)
+    pytests frn_rows 200 tests/test_kernels_gpu.py -k "one_kernel_rows or one_kernel_preload or one_kernel"
+    memcheck memcheck_frn_rows 120 tests/test_kernels_gpu.py -k "one_kernel_rows and 4-384"
+    timeout 100 python3 benchmarks/frn_profile.py --out "$L" --ks 768,384 --ms 1,2,4 --preloads 1 \
+        > "$L/frn_profile.txt" 2>&1
+    echo "frn_profile rc=$?" | tee -a "$S"; grep -E '^K ' "$L/frn_profile.txt" | tee -a "$S"
+    cp "$L/frn_profile.json" "$OUT/" 2>/dev/null
+    ab_run frn_spread 200 --var K3FUSE_FRN_ONE_MAX_M=1,4 --kinds kda,mla --tp 16,8 --ms 2,4 --pairs 8
+    tar czf "$OUT/logs_s51.tgz" -C "$L" .
 elif [ "$part" = s50 ]; then      # session 23: the M = 1 rows with max-autotune in the same run, TP16 and TP8
     for tp in 16 8; do
         timeout 280 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 1 --top 16 --max-autotune \

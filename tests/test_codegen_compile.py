@@ -134,12 +134,20 @@ def test_fused_residual_norm_one_kernel_compiles(arch, K, nb, addend, prefix, pa
     iters = -(-(K // 8) // 32)
     assert len(v4) == iters * (7 + bm) and "RPW = 7" in k.source and "G = 128" in k.source
     assert f"BM = {bm} " in k.source and f"ACCT = {frn.ONE_ACCT} " in k.source
-    assert "NWC = (CR + 31) // 32" in k.source and "if warp < NWC:" in k.source     # only the column warps reduce
+    # bucket 1: only the column warps reduce; buckets 2 / 4: the (row, column) pairs over all 8 warps (56 columns
+    # padded to 64: 4 rows per pass, so one pass), each warp reducing one row's statistics
+    npass = 1 if bm == 1 else -(-bm // (256 // 64))
+    if bm == 1:
+        assert "NWC = (CR + 31) // 32" in k.source and "if warp < NWC:" in k.source
+    else:
+        assert "RPP = THREADS // CRP" in k.source and "sRed[warp % NWC, m * NSTAT + i]" in k.source
+        assert "if warp < NWC:" not in k.source and npass == 1
     wait, trig = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
     first = min(m.start() for m in re.finditer(r"\b(?:ld|st|red|atom)\.", ptx[wait:])) + wait if wait >= 0 else -1
     assert 0 <= wait < first and max(v4) < trig
     scalar = [m.start() for m in re.finditer(r"ld\.global(?:\.nc)?\.[bu]16", ptx)]
-    assert len(scalar) == bm * (nb + addend + prefix) + (2 if pair else 0) + 1 and max(scalar) < min(v4)
+    rows_held = bm if bm == 1 else npass        # rows whose sources one thread loads
+    assert len(scalar) == rows_held * (nb + addend + prefix) + (2 if pair else 0) + 1 and max(scalar) < min(v4)
     assert ptx.count("red.relaxed.gpu.global.add.f32") == 1 and ptx.count("red.release.gpu.global.add.s32") == 1
     assert ptx.count("ld.acquire.gpu.global") == 1 and ptx.count("nanosleep") == 1
     assert "ld.local" not in ptx and "st.local" not in ptx
