@@ -630,7 +630,7 @@ PY
 elif [ "$part" = s51 ]; then      # session 23: the one-launch fused_residual_norm at M = 2..4 with the (row, column) pairs
     # spread over all warps: GPU tests, memcheck, the op alone against two launches, the layer A/B (one vs two launches)
     pytests frn_rows 200 tests/test_kernels_gpu.py -k "one_kernel_rows or one_kernel_preload or one_kernel"
-    memcheck memcheck_frn_rows 120 tests/test_kernels_gpu.py -k "one_kernel_rows and 4-384"
+    memcheck memcheck_frn_rows 120 tests/test_kernels_gpu.py -k "one_kernel_rows and 384-8 and True-4"
     timeout 100 python3 benchmarks/frn_profile.py --out "$L" --ks 768,384 --ms 1,2,4 --preloads 1 \
         > "$L/frn_profile.txt" 2>&1
     echo "frn_profile rc=$?" | tee -a "$S"; grep -E '^K ' "$L/frn_profile.txt" | tee -a "$S"
