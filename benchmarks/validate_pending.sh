@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s52            # one-launch MLA A/B twice; KDA M = 2 profiles, frn one vs two launches
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s51            # the one-launch frn at M = 2..4, pairs over all warps: tests, alone, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s50            # the M = 1 rows with max-autotune, TP16 and TP8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s49            # the MLA M = 2, 4, 8 rows; FRN_PRELOAD 1 vs 2, 16 pairs
@@ -627,6 +628,18 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s52 ]; then      # session 23: the one-launch MLA attention (9 launches) again, two processes of 16 pairs;
+    # the KDA TP16 M = 2 profile with one and two launches of fused_residual_norm (why the one launch loses in the layer)
+    ab_run mla_one_a 130 --var K3FUSE_MLA_ONE_KERNEL=0,1 --kinds mla --tp 16,8 --ms 1 --pairs 16
+    ab_run mla_one_b 130 --var K3FUSE_MLA_ONE_KERNEL=0,1 --kinds mla --tp 16,8 --ms 1 --pairs 16
+    for one in 1 4; do
+        K3FUSE_FRN_ONE_MAX_M=$one timeout 100 python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp 16 --ms 2 \
+            --skip eager,inductor --top 16 --tag _kda_m2_one$one > "$L/lb_kda_m2_one$one.txt" 2>&1
+        echo "layer KDA TP16 M=2 K3FUSE_FRN_ONE_MAX_M=$one rc=$?" | tee -a "$S"
+        sed -n '/^kind/,$p' "$L/lb_kda_m2_one$one.txt" | head -30 | tee -a "$S"
+        cp "$L"/layer_bench_kda_m2_one$one.json "$OUT/" 2>/dev/null
+    done
+    tar czf "$OUT/logs_s52.tgz" -C "$L" .
 elif [ "$part" = s51 ]; then      # session 23: the one-launch fused_residual_norm at M = 2..4 with the (row, column) pairs
     # spread over all warps: GPU tests, memcheck, the op alone against two launches, the layer A/B (one vs two launches)
     pytests frn_rows 200 tests/test_kernels_gpu.py -k "one_kernel_rows or one_kernel_preload or one_kernel"
