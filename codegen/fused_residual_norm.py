@@ -195,7 +195,7 @@ def one_kernel_enabled() -> bool:
     return os.environ.get("K3FUSE_FRN_ONE_KERNEL", "1") != "0"
 
 
-ONE_MAX_M_DEFAULT = 1   # the one launch at M = 2..4 measured slower (session 21, RESULTS.md): opt-in
+ONE_MAX_M_DEFAULT = 1   # the one launch at M = 2..4 measured slower in the layer (sessions 21, 23; RESULTS.md): opt-in
 
 
 def one_max_m() -> int:
