@@ -293,6 +293,8 @@ def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
 # M = 1 135.48 -> 137.01 (+1.70, 0 / 12). Checked again in the next call (TP16, 12 pairs): M = 1 93.71 -> 94.96
 # (+1.64 [+0.93, +2.36], 3 / 12), M = 2 +0.04 (4 / 12), M = 4 +2.59 (0 / 12). So at TP16 M = 1 the sign flips between
 # processes (-1.36, +1.64; session 15 +1.1): no measured gain, and three launches stay the default everywhere.
+# Session 23 (2026-12-03, 16 pairs, two processes): TP16 M = 1 +0.82 / +0.77 us (3 / 16 faster in each), TP8 +7.29 /
+# +6.91 (0 / 16): slower in both processes.
 # ONE_BY_HEADS: heads per rank -> batch buckets where the one launch is the default (K3FUSE_MLA_ONE_KERNEL unset).
 ONE_BY_HEADS: dict = {}
 ONE_MAX_G = 128         # CTAs (<= the SM count: one CTA per SM always fits, ~70 KB of shared memory, 256 threads)
