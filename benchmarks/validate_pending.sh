@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s53            # the routed down's grid at M = 1 (WD = 1; WD = 2 at TP8), layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s52            # one-launch MLA A/B twice; KDA M = 2 profiles, frn one vs two launches
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s51            # the one-launch frn at M = 2..4, pairs over all warps: tests, alone, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s50            # the M = 1 rows with max-autotune, TP16 and TP8
@@ -628,6 +629,11 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s53 ]; then      # session 23: the routed down's grid at M = 1 (WD = 1: 896 CTAs of 4 rows, 6.8 per SM, instead of
+    # 224 / 448 CTAs, where a third of the SMs carry one CTA fewer than the rest); WD = 2 at TP8 again (session 19: -2.1, 7 / 8)
+    ab_run down_wd1 150 --var K3FUSE_MOE_CONFIG=table,WD=1 --kinds kda --tp 16,8 --ms 1 --pairs 12
+    ab_run down_wd2_tp8 80 --var K3FUSE_MOE_CONFIG=table,WD=2 --kinds kda --tp 8 --ms 1 --pairs 12
+    tar czf "$OUT/logs_s53.tgz" -C "$L" .
 elif [ "$part" = s52 ]; then      # session 23: the one-launch MLA attention (9 launches) again, two processes of 16 pairs;
     # the KDA TP16 M = 2 profile with one and two launches of fused_residual_norm (why the one launch loses in the layer)
     ab_run mla_one_a 130 --var K3FUSE_MLA_ONE_KERNEL=0,1 --kinds mla --tp 16,8 --ms 1 --pairs 16
