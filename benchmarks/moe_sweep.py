@@ -36,7 +36,9 @@ E, D, KT = 896, 3584, 16
 I_TP = {16: 192, 8: 384}
 BETA, LBETA = 4.0, 25.0
 KNOBS = [("KS", (1, 2, 4)), ("SB", (1, 2, 4)), ("CPC", (1, 2, 4, 8, 16, 32, 64)), ("R", (1, 2, 4)), ("G", (1, 2, 4, 8)), ("W", (4, 7, 8)),
-         ("LPR", (4, 8, 16)), ("WD", (2, 4, 8, 16)), ("RT", (1, 2))]
+         ("LPR", (4, 8, 16)), ("WD", (1, 2, 4, 8, 16)), ("RT", (1, 2))]
+# WD = 1 since session 23: the down's M = 1 grid at 4 rows per CTA (896 CTAs, 6.8 per SM: even across the SMs) was
+# -1.14 us per TP8 KDA layer (11 / 12 pairs, not yet confirmed) and had never been a candidate
 # knobs also searched together, after the one-knob steps: the down kernel's slot groups (KS) and lanes per W2 row (LPR)
 # set its loads in flight together. At TP8 M = 1 (session 20) KS = 4 alone (+2.7 us) and LPR = 8 alone (+20) were
 # slower than KS = 1, LPR = 4, both together 5.5 us faster: a one-knob-at-a-time descent cannot get there.
