@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s54            # (next) WD = 1 at TP8 M = 1 confirmed, 16 pairs; M = 2 / 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s53            # the routed down's grid at M = 1 (WD = 1; WD = 2 at TP8), layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s52            # one-launch MLA A/B twice; KDA M = 2 profiles, frn one vs two launches
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s51            # the one-launch frn at M = 2..4, pairs over all warps: tests, alone, A/B
@@ -629,6 +630,11 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s54 ]; then      # next session (written in session 23, not run): the down's WD = 1 at TP8 M = 1 confirmed with
+    # 16 pairs (KDA and MLA) before it goes under the table's layer key; TP16 M = 2 / 4 too (their grids: 896 / 1792 CTAs at WD = 2)
+    ab_run down_wd1_tp8 150 --var K3FUSE_MOE_CONFIG=table,WD=1 --kinds kda,mla --tp 8 --ms 1 --pairs 16
+    ab_run down_wd1_m24 150 --var K3FUSE_MOE_CONFIG=table,WD=1 --kinds kda --tp 16,8 --ms 2,4 --pairs 8
+    tar czf "$OUT/logs_s54.tgz" -C "$L" .
 elif [ "$part" = s53 ]; then      # session 23: the routed down's grid at M = 1 (WD = 1: 896 CTAs of 4 rows, 6.8 per SM, instead of
     # 224 / 448 CTAs, where a third of the SMs carry one CTA fewer than the rest); WD = 2 at TP8 again (session 19: -2.1, 7 / 8)
     ab_run down_wd1 150 --var K3FUSE_MOE_CONFIG=table,WD=1 --kinds kda --tp 16,8 --ms 1 --pairs 12

@@ -8,6 +8,8 @@ threads (LPR lanes per row of the [d, d] fp32 state). Memory-bound: S is read on
 tensors); k3fuse::kda_decode_ (pass write_kda_state_in_place) is the same kernel writing S and the conv state in place.
 
 Validated on the H200 (2026-11-29, tests/test_kda_kernel_gpu.py); registered by registry.register() (IMPLS).
+Measured not to help (so not here): a cluster of CTAs per (token, head) splitting S's rows (session 23, in git at
+54d6841: 5.3 us alone at 1, 2, 4 or 8 CTAs per head; the ~5 us are the step's fixed chain, not S's bytes per SM).
 """
 from __future__ import annotations
 
