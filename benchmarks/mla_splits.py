@@ -38,6 +38,8 @@ def main():
     ap.add_argument("--one", default="0", help="0 three launches, 1 one launch, 2 one launch without the prefetch")
     ap.add_argument("--hpt", default="0", help="score heads per thread (K3FUSE_MLA_SCORE_HPT; 0: the default)")
     ap.add_argument("--pipe", default="", help="K3FUSE_MLA_PIPE values to try, e.g. 0,1 (keyed ~0 / ~1; default: as set)")
+    ap.add_argument("--per-head", default="", help="also (1) or only (2) the per-head one-launch kernel, keyed heads "
+                                                   "(/ns with --kv-splits)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     pipes = args.pipe.split(",") if args.pipe else [None]
@@ -63,29 +65,38 @@ def main():
             floor_us = per_copy / bw * 1e6
             out = torch.empty(M, h, V, device="cuda")
             row = dict(h=h, M=M, copies=copies, floor_us=round(floor_us, 2), us={}, rel_err={}, errors={})
-            for sp, ns, one, hpt, pipe in [(sp, ns, one, hpt, pipe) for sp in cands for ns in kvs for one in ones
-                                           for hpt in hpts for pipe in pipes]:
-                key = f"{sp[0]}x{sp[1]}" + (f"/{ns}" if ns else "") + (f"@{one}" if one else "") + \
-                    (f"#{hpt}" if hpt else "") + (f"~{pipe}" if pipe is not None else "")
+            jobs = [] if args.per_head == "2" else [(sp, ns, one, hpt, pipe) for sp in cands for ns in kvs
+                                                     for one in ones for hpt in hpts for pipe in pipes]
+            if args.per_head:
+                jobs += [("heads", ns, 0, 0, None) for ns in kvs]
+            for sp, ns, one, hpt, pipe in jobs:
+                heads = sp == "heads"
+                if heads:
+                    key = "heads" + (f"/{ns}" if ns else "")
+                    sp = None
+                else:
+                    key = f"{sp[0]}x{sp[1]}" + (f"/{ns}" if ns else "") + (f"@{one}" if one else "") + \
+                        (f"#{hpt}" if hpt else "") + (f"~{pipe}" if pipe is not None else "")
                 os.environ["K3FUSE_MLA_SCORE_HPT"] = str(hpt)
                 if pipe is not None:
                     os.environ["K3FUSE_MLA_PIPE"] = pipe
                 ns = ns or None
-                if ma.splits_ok(N, V, sp, C) or (one and ma.one_ok(V, sp, 64)):
+                if not heads and (ma.splits_ok(N, V, sp, C) or (one and ma.one_ok(V, sp, 64))):
                     continue
                 os.environ["K3FUSE_MLA_ONE_PREFETCH"] = "0" if one == 2 else "1"
                 one = bool(one)
                 try:
                     out.fill_(float("nan"))
                     ma.mla_attention(q[..., :N], q[..., N:], data[0][1], data[0][0], sl, SCALE, out=out, splits=sp,
-                                     n_split=ns, one=one)
+                                     n_split=ns, one=one, heads=heads)
                     torch.cuda.synchronize()
                     row["rel_err"][key] = rel_err(out, ref.double())
                     if not row["rel_err"][key] < 1e-2:
                         raise AssertionError(f"rel err {row['rel_err'][key]}")
                     row["us"][key] = round(graph_time(
                         lambda i: ma.mla_attention(q[..., :N], q[..., N:], data[i % copies][1], data[i % copies][0],
-                                                   sl, SCALE, out=out, splits=sp, n_split=ns, one=one), 2 * copies,
+                                                   sl, SCALE, out=out, splits=sp, n_split=ns, one=one, heads=heads),
+                        2 * copies,
                         10)[0], 2)
                 except Exception as e:
                     row["errors"][key] = f"{type(e).__name__}: {e}"[:300]

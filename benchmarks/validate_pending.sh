@@ -35,7 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s54            # (next) WD = 1 at TP8 M = 1 confirmed, 16 pairs; M = 2 / 4
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s55            # the per-head MLA kernel: GPU tests, alone (s55b: memcheck, layer A/B)
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s54            # WD = 1 at TP8 M = 1 confirmed, 16 pairs; M = 2 / 4
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s53            # the routed down's grid at M = 1 (WD = 1; WD = 2 at TP8), layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s52            # one-launch MLA A/B twice; KDA M = 2 profiles, frn one vs two launches
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s51            # the one-launch frn at M = 2..4, pairs over all warps: tests, alone, A/B
@@ -630,7 +631,20 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
-elif [ "$part" = s54 ]; then      # next session (written in session 23, not run): the down's WD = 1 at TP8 M = 1 confirmed with
+elif [ "$part" = s55 ]; then      # session 24: the per-head MLA kernel (K3FUSE_MLA_HEADS): GPU tests, memcheck, the attention
+    # alone against the three launches (h = 6 / 12, M = 1, 2, 4), the MLA layer A/B at TP16 / TP8 M = 1 (16 pairs), M = 2, 4
+    pytests heads 240 tests/test_mla_heads_gpu.py tests/test_mla_kernel_gpu.py -k "heads or append"
+    timeout 150 python3 benchmarks/mla_splits.py --out "$L" --heads 6,12 --ms 1,2,4 --splits 8x8,32x8 --per-head 1 \
+        > "$L/mla_alone.txt" 2>&1
+    echo "mla_splits per-head rc=$?" | tee -a "$S"; grep '^{' "$L/mla_alone.txt" | tee -a "$S"
+    cp "$L/mla_splits.json" "$OUT/mla_splits_heads.json" 2>/dev/null
+    tar czf "$OUT/logs_s55.tgz" -C "$L" .
+elif [ "$part" = s55b ]; then     # session 24: then its memcheck and the MLA layer A/Bs
+    memcheck memcheck_heads 150 tests/test_mla_heads_gpu.py -k "append_gate and 6-True and 2-64 or op_in_a_cuda_graph"
+    ab_run heads_m1 200 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16,8 --ms 1 --pairs 16
+    ab_run heads_m24 120 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16 --ms 2,4 --pairs 8
+    tar czf "$OUT/logs_s55b.tgz" -C "$L" .
+elif [ "$part" = s54 ]; then      # session 24 (written in session 23): the down's WD = 1 at TP8 M = 1 confirmed with
     # 16 pairs (KDA and MLA) before it goes under the table's layer key; TP16 M = 2 / 4 too (their grids: 896 / 1792 CTAs at WD = 2)
     ab_run down_wd1_tp8 150 --var K3FUSE_MOE_CONFIG=table,WD=1 --kinds kda,mla --tp 8 --ms 1 --pairs 16
     ab_run down_wd1_m24 150 --var K3FUSE_MOE_CONFIG=table,WD=1 --kinds kda --tp 16,8 --ms 2,4 --pairs 8

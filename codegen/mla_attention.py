@@ -441,11 +441,14 @@ def _prep_q(t):
 
 
 def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None,
-                  splits=None, append=None, gate=None, out_dtype=None, one: Optional[bool] = None):
+                  splits=None, append=None, gate=None, out_dtype=None, one: Optional[bool] = None,
+                  heads: Optional[bool] = None):
     """Launch the kernels (caller checked launch_ok(), and append_ok() for append / gate). Returns o [M, h, v] fp32
     (out_dtype if given). splits: (QS, VS), default splits_for(M, h). append: (ckv [M, C + r], kv_norm_w [C], eps): the
     new token's row is written into the cache first (mla_append_attention_); gate [M, h * v]: o * sigmoid(gate).
-    one: the one-launch variant (default: where one_reason() allows it; True forces it, so the caller checks)."""
+    one: the one-launch variant (default: where one_reason() allows it; True forces it, so the caller checks).
+    heads: the per-head variant (default heads_choice(); taken where heads_reason() allows it; n_split is then its
+    splits per (row, head))."""
     import torch
     M, h, n = q_nope.shape
     r = q_pe.shape[2]
@@ -457,6 +460,11 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     splits = tuple(splits) if splits else fit_splits(n, v, C, splits_for(M, h))
     odt = out_dtype or torch.float32
     sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
+    if heads is None:
+        heads = one is None and splits is None and heads_choice(M, h)
+    if heads and heads_reason(M, h, n, v, r, C, sms) is None:
+        return _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, n_split or heads_splits(M, h, T, sms),
+                             append, gate, odt)
     ns = n_split or n_splits(M, T, sms)
     if not 1 <= ns <= MAX_SPLITS:
         raise ValueError(f"{ns} KV splits (the combine kernel takes 1..{MAX_SPLITS})")
@@ -487,6 +495,128 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     if G is not None:
         extra.append(one_state(dev, G))
     kern(qn, qp, cache, w, sl, qs, opart, ml, out, *extra)
+    return out
+
+
+# The per-head variant (templates/mla_attention_heads.py.jinja): one launch, a CTA per (split, head, token row) that
+# absorbs its own head's query (W_UK[hd] brought into shared memory by the copy engine before the chain's wait),
+# attends to its split of the tokens, applies W_UV[hd] to its partial and arrives on a per-(row, head) counter; the
+# last split merges. No grid barrier, no qabsorb / combine launches: 3 -> 1 kernel per MLA layer. Costs: every
+# split re-reads W_UK[hd] and W_UV[hd] (256 KB, from L2 after the first), ~150 KB of shared memory (one CTA per SM).
+# Opt-in until measured (K3FUSE_MLA_HEADS=1 everywhere it applies, 0 nowhere); HEADS_BY_HEADS lists the heads per
+# rank -> batch buckets where a measurement made it the default.
+HEADS_TEMPLATE = "mla_attention_heads.py.jinja"
+HEADS_MAX_NS = 64       # splits per (row, head): the merge's 8 warps x 8 partials
+HEADS_TT = 32
+HEADS_BY_HEADS: dict = {}
+HEADS_CTR_SLOTS = 64 * MAX_HEADS      # the arrival counters per device: M * h <= this
+
+
+def heads_supports(h: int, n: int, v: int, r: int, C: int) -> Optional[str]:
+    """None if the per-head kernel's thread mappings cover these sizes, else why not."""
+    cch = C // 8
+    if C % 256 or THREADS % cch:
+        return f"C = {C}: the per-head kernel needs C / 8 to divide {THREADS} and C % 256 == 0"
+    if (C + r) % (8 * (THREADS // HEADS_TT)):
+        return f"C + r = {C + r} is not a multiple of {8 * (THREADS // HEADS_TT)}"
+    if n % (THREADS // cch) or n % 32 or v != 128:
+        return f"n = {n} / v = {v} (the per-head kernel: n a multiple of 32, v = 128)"
+    if max(n, v) * C * 2 + 4 * (8 * C + 2 * C + 2 * (C + r)) > 200 * 1024:
+        return f"W_UK / W_UV rows of {C} bf16 do not fit one CTA's shared memory"
+    return None
+
+
+def heads_splits(M: int, h: int, T: int, sms: int = 132) -> int:
+    """Splits of T per (row, head): one wave of one CTA per SM (M * h * NS <= sms), at least one 32-token tile each,
+    at most HEADS_MAX_NS."""
+    ntiles = -(-T // HEADS_TT)
+    return max(1, min(HEADS_MAX_NS, sms // max(1, M * h), ntiles))
+
+
+def heads_choice(M: int, h: int) -> bool:
+    """K3FUSE_MLA_HEADS=1 / 0: the per-head kernel wherever it applies / nowhere; unset: where HEADS_BY_HEADS lists
+    (h, M's bucket)."""
+    from .buckets import bucket_for
+    v = os.environ.get("K3FUSE_MLA_HEADS", "")
+    if v:
+        return v != "0"
+    return bucket_for(M) in HEADS_BY_HEADS.get(h, ())
+
+
+def heads_reason(M: int, h: int, n: int, v: int, r: int, C: int, sms: int) -> Optional[str]:
+    """None if the per-head kernel takes this launch, else why not (it would run more than one wave)."""
+    why = heads_supports(h, n, v, r, C)
+    if why:
+        return why
+    if M * h > sms or M * h > HEADS_CTR_SLOTS:
+        return f"M * h = {M * h} (row, head) pairs: more than one CTA per SM before any split"
+    return None
+
+
+def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate=False, out_dtype="float32") -> dict:
+    return dict(H=h, N=n, V=v, R=r, C=C, TT=HEADS_TT, THREADS=THREADS, MAX_NS=HEADS_MAX_NS, SCALE=repr(float(scale)),
+                QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
+                EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
+
+
+def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
+                q_dtype="bfloat16", arch: Optional[str] = None, load: bool = True, append_eps: Optional[float] = None,
+                gate: bool = False, out_dtype="float32"):
+    """Compile (through the disk cache) the per-head kernel; the rendered source bakes every argument."""
+    from .compile import compile_source, current_arch
+    arch = arch or current_arch()
+    eps = float(append_eps) if append_eps is not None else None
+    memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype))
+    if memo in _built:
+        return _built[memo]
+    why = heads_supports(h, n, v, r, C)
+    if why:
+        raise ValueError(why)
+    src = render(HEADS_TEMPLATE, **heads_params(h, n, v, r, C, scale, q_dtype, eps, gate, out_dtype))
+    meta = dict(family=FAMILY, op=OP_APPEND if eps is not None else OP, shape=dict(h=h, n=n, v=v, r=r, C=C),
+                template=HEADS_TEMPLATE, config=dict(variant="heads", tt=HEADS_TT, threads=THREADS,
+                                                     q=_dtname(q_dtype), scale=float(scale), append_eps=eps,
+                                                     gate=bool(gate), out=_dtname(out_dtype)))
+    _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
+    return k
+
+
+_heads_ctr: dict = {}
+
+
+def heads_counters(device):
+    """The per-device arrival counters (int32 zeros; each launch's last CTAs re-arm theirs). Launches sharing them
+    run one after another on one stream, as the layer's kernels do."""
+    import torch
+    key = str(device)
+    if key not in _heads_ctr:
+        _heads_ctr[key] = torch.zeros(HEADS_CTR_SLOTS, dtype=torch.int32, device=device)
+    return _heads_ctr[key]
+
+
+def _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, ns, append, gate, odt):
+    import torch
+    M, h, n = q_nope.shape
+    r = q_pe.shape[2]
+    C = kv_b.shape[1]
+    v = kv_b.shape[0] // h - n
+    dev = cache.device
+    if not 1 <= ns <= HEADS_MAX_NS:
+        raise ValueError(f"{ns} splits per (row, head) (the per-head kernel takes 1..{HEADS_MAX_NS})")
+    kern = build_heads(h, n, v, r, C, float(scale), q_nope.dtype,
+                       append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt)
+    f32 = torch.float32
+    opart = torch.empty(M, ns, h, v, dtype=f32, device=dev)
+    ml = torch.empty(M, ns, h, 2, dtype=f32, device=dev)
+    if out is None:
+        out = torch.empty(M, h, v, dtype=odt, device=dev)
+    extra = []
+    if append is not None:
+        extra += [_prep(append[0]), _prep(append[1])]
+    if gate is not None:
+        extra.append(_prep(gate).view(M, h, v))
+    kern(_prep_q(q_nope), _prep_q(q_pe), cache, _prep(kv_b).view(h, n + v, C), _prep(seq_lens, torch.int64), opart, ml,
+         out, heads_counters(dev), *extra)
     return out
 
 

@@ -28,7 +28,7 @@ PDL_CHAIN_TEMPLATES = frozenset({"gemv_simt.py.jinja", "gemv_mma.py.jinja", "gem
                                  "fused_residual_norm_mixnorm.py.jinja",
                                  "fused_residual_norm_onekernel.py.jinja",
                                  "kda_recurrent.py.jinja", "router_topk.py.jinja", "moe_experts_simt.py.jinja",
-                                 "mla_attention.py.jinja"})
+                                 "mla_attention.py.jinja", "mla_attention_heads.py.jinja"})
 
 
 def pdl_chain() -> bool:

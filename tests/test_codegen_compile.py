@@ -599,6 +599,8 @@ def _layer_kernel_sources():
         "topk": rt.render_source(896, 16, True, 2.5),
         "moe": mx.render_source(896, 128, 3584, 16, 1)[0],
         "mla": mla.render_source(8, n=128, v=128, r=64, C=512, scale=192 ** -0.5),
+        "mla_heads": mla.render(mla.HEADS_TEMPLATE, **mla.heads_params(6, 128, 128, 64, 512, 192 ** -0.5,
+                                                                            append_eps=1e-6, gate=True)),
     }
 
 
@@ -623,6 +625,12 @@ def test_pdl_chain_knob_renders_wait_first(monkeypatch):
             trig, wait = body.find("griddepcontrol_launch_dependents()"), body.find("griddepcontrol_wait()")
             # a tensor access, or a call of a phase function (mla_attention: its kernels call @cute.jit phases)
             access = [m.start() for m in re.finditer(r"cute\.(?:autovec_)?copy\(|\bm[A-Z]\w*\[|\b\w+_phase\(", body)]
+            if name == "mla_heads":     # its weight rows' bulk copies (weights: no kernel writes them) precede the wait
+                pre = [a for a in access if a < wait]
+                # all on one line: the W_UK rows' copy (its cute.copy and its mW access)
+                assert pre and all(body.count("\n", 0, a) == body.count("\n", 0, pre[0]) for a in pre), name
+                assert body[pre[0]:].startswith("cute.copy(bulk, mW[hd, lane + 32 * i, None]"), (name, body[:300])
+                access = [a for a in access if a > wait]
             assert access, (name, body[:300])
             if name.startswith("gemv"):
                 assert body.count("griddepcontrol_launch_dependents()") == 1

@@ -562,3 +562,83 @@ def test_mla_combine_preload_loads_ahead(h, monkeypatch, isolated_kernel_cache):
     first = next(i for i, o in enumerate(ops) if o.startswith("FFMA"))
     assert sum(1 for o in ops[:first] if o.startswith("LDG") and "128" in o) >= 32
     assert not any(o in ("STL", "LDL") for o in ops)
+
+
+@pytest.mark.parametrize("arch,h,append", [("sm_90a", 6, True), ("sm_100a", 12, True), ("sm_90a", 12, False)])
+def test_mla_heads_kernel_compiles(arch, h, append, isolated_kernel_cache):
+    """The per-head variant: one kernel; W_UK then W_UV (N and V rows of C bf16) by one bulk copy per row on two
+    mbarriers, the W_UK copies before the chain's wait (PDL on by default); the arrival as an acq_rel gpu-scope atomic;
+    16-byte cache loads (the first tile's and the next tile's CPT chunks per thread); no local memory."""
+    pytest.importorskip("cutlass")
+    kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16") if append else {}
+    k = ma.build_heads(h, **K3, scale=SCALE, arch=arch, load=False, **kw)
+    ptx = open(k.files["kernel.ptx"]).read()
+    assert f".target {arch}" in ptx
+    ks = entries(ptx)
+    assert set(ks) == {"heads_kernel"}, list(ks)
+    body = ks["heads_kernel"]
+    assert "ld.local" not in body and "st.local" not in body
+    bulk = [mm.start() for mm in re.finditer(r"cp\.async\.bulk\.shared::c[a-z]+\.global", body)]
+    assert len(bulk) == (K3["n"] + K3["v"]) // 32        # one per lane and row group: 4 + 4 per warp-0 lane
+    wait = body.find("griddepcontrol.wait")
+    assert 0 < wait and sum(b < wait for b in bulk) == K3["n"] // 32
+    assert count(body, r"mbarrier\.init") == 2
+    # the arrival (gpu is PTX's default scope) and the last CTA's acquire fence
+    assert count(body, r"atom\.global\.acq_rel(?:\.gpu)?\.add") == 1 and count(body, r"fence\.acq_rel\.gpu") == 1
+    assert count(body, r"fence\.proxy\.async\.shared::cta") == 1   # W_UK's generic reads before W_UV's bulk copies
+    v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
+    cpt = (K3["C"] + K3["r"]) // 8 // (ma.THREADS // ma.HEADS_TT)
+    assert count(body, v4) >= 2 * cpt
+
+
+def test_mla_heads_supports_and_splits():
+    assert ma.heads_supports(6, **K3) is None and ma.heads_supports(12, **K3) is None
+    assert ma.heads_supports(6, n=128, v=64, r=64, C=512)          # the merge maps V = 128 onto the lanes
+    assert ma.heads_supports(6, n=128, v=128, r=32, C=512)         # (C + r) / 8 must split over 8 threads per row
+    assert ma.heads_reason(1, 6, 128, 128, 64, 512, 132) is None
+    assert ma.heads_reason(32, 6, 128, 128, 64, 512, 132)          # 192 (row, head) pairs: more than one wave
+    # one wave: M * h * NS <= SMs; one 32-token tile at least per split; at most HEADS_MAX_NS
+    assert ma.heads_splits(1, 6, 1024) == 22 and ma.heads_splits(1, 12, 1024) == 11
+    assert ma.heads_splits(2, 6, 1024) == 11 and ma.heads_splits(1, 6, 40) == 2
+    assert ma.heads_splits(1, 1, 4096) == ma.HEADS_MAX_NS and ma.heads_splits(64, 6, 1024) == 1
+
+
+@pytest.mark.parametrize("M,T,seq_lens,ns", [(1, 7, [6], 1), (3, 100, [0, 57, 99], 4), (2, 1024, [1023, 300], 22),
+                                             (2, 65, [64, 200], 5)])
+def test_mla_heads_arithmetic_model(M, T, seq_lens, ns):
+    """The per-head kernel's arithmetic in torch: 32-token tiles of each split, the running max / sum, W_UV applied
+    to each split's unnormalised partial, the log-sum-exp merge of the W_UV outputs (linear, so equal to merging
+    o_lat first): matches the reference; empty splits drop out."""
+    g = torch.Generator().manual_seed(M * 1000 + T + ns)
+    args = _inputs(M, 4, T, seq_lens=seq_lens, gen=g)
+    q_nope, q_pe, cache, kv_b, sl = args
+    h, n = q_nope.shape[1:]
+    C = kv_b.shape[1]
+    w = kv_b.view(h, -1, C).double()
+    wuk, wuv = w[:, :n], w[:, n:]
+    out = torch.empty(M, h, wuv.shape[1], dtype=torch.float64)
+    tt = ma.HEADS_TT
+    for m in range(M):
+        nvalid = min(int(sl[m]) + 1, T)
+        tps = -(-(-(-T // tt)) // ns)
+        for hd in range(h):
+            q = torch.cat([wuk[hd].T @ q_nope[m, hd].double(), q_pe[m, hd].double()]) * SCALE
+            parts = []
+            for s in range(ns):
+                mx, lsum, acc = float("-inf"), 0.0, torch.zeros(C, dtype=torch.float64)
+                t_begin, t_end = s * tps * tt, min(s * tps * tt + tps * tt, nvalid)
+                for t0 in range(t_begin, t_end, tt):
+                    rows = cache[m, t0:min(t0 + tt, t_end)].double()
+                    sc = rows @ q
+                    m_new = max(mx, sc.max().item())
+                    alpha = math.exp(mx - m_new) if mx > float("-inf") else 0.0
+                    p = torch.exp(sc - m_new)
+                    lsum = lsum * alpha + p.sum().item()
+                    acc = acc * alpha + p @ rows[:, :C]
+                    mx = m_new
+                parts.append((mx, lsum, wuv[hd] @ acc))
+            gmax = max(p[0] for p in parts)
+            wts = [math.exp(p[0] - gmax) if p[0] > float("-inf") else 0.0 for p in parts]
+            out[m, hd] = sum(wt * p[2] for wt, p in zip(wts, parts)) / sum(wt * p[1] for wt, p in zip(wts, parts))
+    ref = reference(*args, SCALE).double()
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-5

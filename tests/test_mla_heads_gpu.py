@@ -1,0 +1,126 @@
+"""The per-head MLA kernel (templates/mla_attention_heads.py.jinja, codegen/mla_attention.py heads variant) on a GPU:
+o against the ops.py reference on fresh random inputs with garbage (nan, inf, huge values) in the cache rows past
+seq_lens, outputs poisoned with NaN, rel err < 1e-2; M in 1-3, h in 6 / 12, ragged seq_lens, split counts from 1 to
+64 (empty splits included); the append + gate variant; replays in a CUDA graph (the arrival counters re-arm).
+Skipped without CUDA."""
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+pytest.importorskip("cutlass")
+
+from _check import rel  # noqa: E402
+from test_mla_kernel_gpu import C, N, R, SCALE, V, inputs, reference  # noqa: E402
+
+
+def run_heads(args, n_split=None, **kw):
+    from k3fuse.codegen import mla_attention as ma
+    q_nope, _, _, kv_b, _ = args
+    M, h, _ = q_nope.shape
+    o = torch.full((M, h, V), float("nan"), device="cuda", dtype=kw.get("out_dtype") or torch.float32)
+    ma.mla_attention(*args, SCALE, out=o, n_split=n_split, heads=True, **kw)
+    return o
+
+
+CASES = [(1, 1024, [1023]), (1, 1000, [517]), (1, 7, [0]), (2, 300, [299, 31]), (3, 100, [0, 57, 99]),
+         (3, 257, [256, 32, 33])]
+
+
+@pytest.mark.parametrize("M,T,seq_lens", CASES)
+@pytest.mark.parametrize("h", [6, 12])
+def test_heads_matches_reference(M, T, seq_lens, h, seed):
+    from k3fuse.codegen import mla_attention as ma
+    args = inputs(M, h, T, seq_lens)
+    assert ma.heads_reason(M, h, N, V, R, C, 132) is None
+    o = run_heads(args)
+    torch.cuda.synchronize()
+    assert rel(o, reference(*args, SCALE)) < 1e-2
+
+
+@pytest.mark.parametrize("n_split", [1, 2, 5, 33, 64])
+def test_heads_split_counts(n_split, seed):
+    """Any split count 1..HEADS_MAX_NS: splits past seq_lens are empty (max -inf, sum 0) and drop out of the merge."""
+    args = inputs(2, 6, 1000, [999, 40])
+    o = run_heads(args, n_split)
+    torch.cuda.synchronize()
+    assert rel(o, reference(*args, SCALE)) < 1e-2
+
+
+@pytest.mark.parametrize("M,T,seq_lens", [(1, 4096, [4095]), (1, 2000, [1234]), (2, 64, [0, 63]),
+                                          (3, 1000, [999, 5, 512])])
+@pytest.mark.parametrize("h,gated", [(12, True), (6, True), (6, False)])
+def test_heads_append_gate_matches_reference(M, T, seq_lens, h, gated, seed):
+    """The append variant: the new rows written at seq_lens (within one rounding of the reference's norm, every other
+    row bitwise untouched), o gated in bf16 (or fp32 ungated) within 1e-2 of the reference on a clean copy."""
+    from k3fuse import ops
+    bf = torch.bfloat16
+    qn, qp, cache, kv_b, sl = inputs(M, h, T, seq_lens)
+    ckv = (torch.randn(M, C + R, device="cuda") * 3).to(bf)
+    nw = (torch.rand(C, device="cuda") + 0.5).to(bf)
+    gate = torch.randn(M, h * V, device="cuda").to(bf) if gated else None
+    odt = bf if gated else None
+    cache0 = cache.clone()
+    o = run_heads((qn, qp, cache, kv_b, sl), append=(ckv, nw, 1e-6), gate=gate, out_dtype=odt)
+    torch.cuda.synchronize()
+    rows = torch.arange(M, device="cuda")
+    want = torch.cat([ops._rms(ckv[:, :C], 1e-6).to(bf) * nw, ckv[:, C:]], -1)
+    got = cache[rows, sl]
+    assert rel(got, want) < 1e-2 and (got != want).float().mean() < 0.02
+    untouched = torch.ones(M, T, dtype=torch.bool, device="cuda")
+    untouched[rows, sl] = False
+    assert torch.equal(cache[untouched].view(torch.int16), cache0[untouched].view(torch.int16))
+    clean = cache.clone()
+    for m in range(M):
+        clean[m, int(sl[m]) + 1:] = 0
+    ref = ops.mla_attention._init_fn(qn, qp, clean, kv_b, sl, SCALE)
+    if gated:
+        ref = ref * torch.sigmoid(gate.float().view(ref.shape))
+    assert o.dtype == (odt or torch.float32)
+    assert rel(o, ref) < 1e-2
+
+
+def test_heads_op_in_a_cuda_graph(seed, monkeypatch):
+    """k3fuse::mla_append_attention_ through the dispatcher with K3FUSE_MLA_HEADS=1, two launches of different
+    (M, h) in one CUDA graph, replayed with new ckv / seq_lens / q: every replay matches the reference and leaves
+    the arrival counters at zero."""
+    from k3fuse import ops
+    from k3fuse.codegen import mla_attention as ma
+    from k3fuse.codegen import registry
+    monkeypatch.setenv("K3FUSE_MLA_HEADS", "1")
+    registry.register()
+    bf = torch.bfloat16
+    cases = []
+    for M, h, T, sl0 in [(2, 12, 300, [10, 200]), (1, 6, 1024, [700])]:
+        qn, qp, cache, kv_b, sl = inputs(M, h, T, sl0)
+        cache[:, max(sl0) + 1:] = 0
+        ckv = torch.randn(M, C + R, device="cuda").to(bf)
+        nw = (torch.rand(C, device="cuda") + 0.5).to(bf)
+        gate = torch.randn(M, h * V, device="cuda").to(bf)
+        cases.append((qn, qp, ckv, nw, cache, kv_b, sl, gate))
+    calls = [lambda c=c: torch.ops.k3fuse.mla_append_attention_(c[0], c[1], c[2], c[3], 1e-6, bf, c[4], c[5], c[6],
+                                                                 SCALE, c[7], bf) for c in cases]
+    for f in calls:
+        f()                                                   # compile outside the capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = [f() for f in calls]
+    for step in range(3):
+        refs = []
+        for (qn, qp, ckv, nw, cache, kv_b, sl, gate), out in zip(cases, outs):
+            sl.add_(1)
+            ckv.copy_(torch.randn_like(ckv, dtype=torch.float32).to(bf))
+            qn.copy_(torch.randn_like(qn, dtype=torch.float32).to(bf))
+            out.fill_(float("nan"))
+            ref_cache = cache.clone()
+            refs.append((ops.mla_append_attention_._init_fn(qn, qp, ckv, nw, 1e-6, bf, ref_cache, kv_b, sl, SCALE,
+                                                            gate, bf), ref_cache))
+        g.replay()
+        torch.cuda.synchronize()
+        for (qn, qp, ckv, nw, cache, kv_b, sl, gate), out, (ref, ref_cache) in zip(cases, outs, refs):
+            M = sl.numel()
+            assert rel(out, ref) < 1e-2, step
+            assert rel(cache[torch.arange(M), sl], ref_cache[torch.arange(M), sl]) < 1e-2
+        assert int(ma.heads_counters(torch.device("cuda", torch.cuda.current_device())).abs().sum()) == 0
