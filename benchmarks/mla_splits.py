@@ -40,6 +40,8 @@ def main():
     ap.add_argument("--pipe", default="", help="K3FUSE_MLA_PIPE values to try, e.g. 0,1 (keyed ~0 / ~1; default: as set)")
     ap.add_argument("--per-head", default="", help="also (1) or only (2) the per-head one-launch kernel, keyed heads "
                                                    "(/ns with --kv-splits)")
+    ap.add_argument("--heads-cl", default="", help="K3FUSE_MLA_HEADS_CL values for the per-head kernel, e.g. 8,1 "
+                                                   "(keyed heads:CL)")
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     pipes = args.pipe.split(",") if args.pipe else [None]
@@ -68,12 +70,15 @@ def main():
             jobs = [] if args.per_head == "2" else [(sp, ns, one, hpt, pipe) for sp in cands for ns in kvs
                                                      for one in ones for hpt in hpts for pipe in pipes]
             if args.per_head:
-                jobs += [("heads", ns, 0, 0, None) for ns in kvs]
+                jobs += [("heads", ns, 0, 0, cl) for ns in kvs for cl in (args.heads_cl.split(",") if args.heads_cl
+                                                                            else [None])]
             for sp, ns, one, hpt, pipe in jobs:
                 heads = sp == "heads"
                 if heads:
-                    key = "heads" + (f"/{ns}" if ns else "")
-                    sp = None
+                    key = "heads" + (f"/{ns}" if ns else "") + (f":{pipe}" if pipe is not None else "")
+                    if pipe is not None:
+                        os.environ["K3FUSE_MLA_HEADS_CL"] = pipe
+                    sp, pipe = None, None
                 else:
                     key = f"{sp[0]}x{sp[1]}" + (f"/{ns}" if ns else "") + (f"@{one}" if one else "") + \
                         (f"#{hpt}" if hpt else "") + (f"~{pipe}" if pipe is not None else "")

@@ -510,6 +510,8 @@ HEADS_MAX_NS = 64       # splits per (row, head): the merge's 8 warps x 8 partia
 HEADS_TT = 32
 HEADS_BY_HEADS: dict = {}
 HEADS_CTR_SLOTS = 64 * MAX_HEADS      # the arrival counters per device: M * h <= this
+HEADS_CL = 8            # splits of one (head, row) per cluster sharing each weight row's copy (multicast); <= 8
+                        # (the portable cluster size). K3FUSE_MLA_HEADS_CL overrides it (1: no clusters).
 
 
 def heads_supports(h: int, n: int, v: int, r: int, C: int) -> Optional[str]:
@@ -526,11 +528,25 @@ def heads_supports(h: int, n: int, v: int, r: int, C: int) -> Optional[str]:
     return None
 
 
+def heads_cl() -> int:
+    return max(1, min(8, int(os.environ.get("K3FUSE_MLA_HEADS_CL", HEADS_CL) or 1)))
+
+
+def heads_cluster(ns: int) -> int:
+    """CTAs per cluster for ns splits: the largest power of two <= heads_cl() that divides ns."""
+    c = 1
+    while c * 2 <= heads_cl() and ns % (c * 2) == 0:
+        c *= 2
+    return c
+
+
 def heads_splits(M: int, h: int, T: int, sms: int = 132) -> int:
     """Splits of T per (row, head): one wave of one CTA per SM (M * h * NS <= sms), at least one 32-token tile each,
-    at most HEADS_MAX_NS."""
+    at most HEADS_MAX_NS; rounded down to a multiple of the cluster size where there are that many."""
     ntiles = -(-T // HEADS_TT)
-    return max(1, min(HEADS_MAX_NS, sms // max(1, M * h), ntiles))
+    ns = max(1, min(HEADS_MAX_NS, sms // max(1, M * h), ntiles))
+    cl = heads_cl()
+    return ns // cl * cl if ns >= cl else ns
 
 
 def heads_choice(M: int, h: int) -> bool:
@@ -553,30 +569,36 @@ def heads_reason(M: int, h: int, n: int, v: int, r: int, C: int, sms: int) -> Op
     return None
 
 
-def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate=False, out_dtype="float32") -> dict:
+def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate=False, out_dtype="float32",
+                 cl: int = 1) -> dict:
+    if n % cl or v % cl or n // cl > THREADS or v // cl > THREADS:
+        raise ValueError(f"a cluster of {cl} does not split n = {n} / v = {v} rows")
     return dict(H=h, N=n, V=v, R=r, C=C, TT=HEADS_TT, THREADS=THREADS, MAX_NS=HEADS_MAX_NS, SCALE=repr(float(scale)),
+                CL=int(cl),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
 
 def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
                 q_dtype="bfloat16", arch: Optional[str] = None, load: bool = True, append_eps: Optional[float] = None,
-                gate: bool = False, out_dtype="float32"):
-    """Compile (through the disk cache) the per-head kernel; the rendered source bakes every argument."""
+                gate: bool = False, out_dtype="float32", cl: int = 1):
+    """Compile (through the disk cache) the per-head kernel (cl: CTAs per cluster); the rendered source bakes every
+    argument."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     eps = float(append_eps) if append_eps is not None else None
-    memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype))
+    memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
+            int(cl))
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
     if why:
         raise ValueError(why)
-    src = render(HEADS_TEMPLATE, **heads_params(h, n, v, r, C, scale, q_dtype, eps, gate, out_dtype))
+    src = render(HEADS_TEMPLATE, **heads_params(h, n, v, r, C, scale, q_dtype, eps, gate, out_dtype, cl))
     meta = dict(family=FAMILY, op=OP_APPEND if eps is not None else OP, shape=dict(h=h, n=n, v=v, r=r, C=C),
                 template=HEADS_TEMPLATE, config=dict(variant="heads", tt=HEADS_TT, threads=THREADS,
                                                      q=_dtname(q_dtype), scale=float(scale), append_eps=eps,
-                                                     gate=bool(gate), out=_dtname(out_dtype)))
+                                                     gate=bool(gate), out=_dtname(out_dtype), cluster=int(cl)))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
@@ -604,7 +626,8 @@ def _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, ns, append, g
     if not 1 <= ns <= HEADS_MAX_NS:
         raise ValueError(f"{ns} splits per (row, head) (the per-head kernel takes 1..{HEADS_MAX_NS})")
     kern = build_heads(h, n, v, r, C, float(scale), q_nope.dtype,
-                       append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt)
+                       append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt,
+                       cl=heads_cluster(ns))
     f32 = torch.float32
     opart = torch.empty(M, ns, h, v, dtype=f32, device=dev)
     ml = torch.empty(M, ns, h, 2, dtype=f32, device=dev)

@@ -31,8 +31,11 @@ CASES = [(1, 1024, [1023]), (1, 1000, [517]), (1, 7, [0]), (2, 300, [299, 31]), 
 
 @pytest.mark.parametrize("M,T,seq_lens", CASES)
 @pytest.mark.parametrize("h", [6, 12])
-def test_heads_matches_reference(M, T, seq_lens, h, seed):
+@pytest.mark.parametrize("cl", ["8", "1"])
+def test_heads_matches_reference(M, T, seq_lens, h, cl, seed, monkeypatch):
+    """With clusters of up to 8 splits (the default: the weights multicast) and without (K3FUSE_MLA_HEADS_CL=1)."""
     from k3fuse.codegen import mla_attention as ma
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     args = inputs(M, h, T, seq_lens)
     assert ma.heads_reason(M, h, N, V, R, C, 132) is None
     o = run_heads(args)
@@ -40,9 +43,10 @@ def test_heads_matches_reference(M, T, seq_lens, h, seed):
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
 
-@pytest.mark.parametrize("n_split", [1, 2, 5, 33, 64])
+@pytest.mark.parametrize("n_split", [1, 2, 5, 12, 33, 64])
 def test_heads_split_counts(n_split, seed):
-    """Any split count 1..HEADS_MAX_NS: splits past seq_lens are empty (max -inf, sum 0) and drop out of the merge."""
+    """Any split count 1..HEADS_MAX_NS (clusters of 1, 2, 1, 4, 1, 8): splits past seq_lens are empty (max -inf,
+    sum 0) and drop out of the merge."""
     args = inputs(2, 6, 1000, [999, 40])
     o = run_heads(args, n_split)
     torch.cuda.synchronize()

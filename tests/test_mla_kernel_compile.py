@@ -564,24 +564,35 @@ def test_mla_combine_preload_loads_ahead(h, monkeypatch, isolated_kernel_cache):
     assert not any(o in ("STL", "LDL") for o in ops)
 
 
-@pytest.mark.parametrize("arch,h,append", [("sm_90a", 6, True), ("sm_100a", 12, True), ("sm_90a", 12, False)])
-def test_mla_heads_kernel_compiles(arch, h, append, isolated_kernel_cache):
-    """The per-head variant: one kernel; W_UK then W_UV (N and V rows of C bf16) by one bulk copy per row on two
-    mbarriers, the W_UK copies before the chain's wait (PDL on by default); the arrival as an acq_rel gpu-scope atomic;
+@pytest.mark.parametrize("arch,h,append,cl", [("sm_90a", 6, True, 8), ("sm_100a", 12, True, 8), ("sm_90a", 12, False, 1),
+                                              ("sm_90a", 6, False, 2)])
+def test_mla_heads_kernel_compiles(arch, h, append, cl, isolated_kernel_cache):
+    """The per-head variant: one kernel; W_UK then W_UV (N and V rows of C bf16) by bulk copies on two mbarriers,
+    the W_UK copies before the chain's wait (PDL on by default); with a cluster (cl > 1) each CTA copies N / cl and
+    V / cl rows multicast to the cluster, behind a cluster barrier; the arrival as an acq_rel gpu-scope atomic;
     16-byte cache loads (the first tile's and the next tile's CPT chunks per thread); no local memory."""
     pytest.importorskip("cutlass")
     kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16") if append else {}
-    k = ma.build_heads(h, **K3, scale=SCALE, arch=arch, load=False, **kw)
+    k = ma.build_heads(h, **K3, scale=SCALE, arch=arch, load=False, cl=cl, **kw)
     ptx = open(k.files["kernel.ptx"]).read()
     assert f".target {arch}" in ptx
     ks = entries(ptx)
     assert set(ks) == {"heads_kernel"}, list(ks)
     body = ks["heads_kernel"]
     assert "ld.local" not in body and "st.local" not in body
-    bulk = [mm.start() for mm in re.finditer(r"cp\.async\.bulk\.shared::c[a-z]+\.global", body)]
-    assert len(bulk) == (K3["n"] + K3["v"]) // 32        # one per lane and row group: 4 + 4 per warp-0 lane
+    mc = r"\.multicast::cluster" if cl > 1 else ""
+    bulk = [mm.start() for mm in re.finditer(r"cp\.async\.bulk\.shared::c[a-z]+\.global\.mbarrier::complete_tx::bytes"
+                                             + mc + r" ", body)]
+    # one copy instruction per W_UK / W_UV row group: 4 + 4 per warp-0 lane, or one row each per CTA of a cluster
+    assert len(bulk) == (2 if cl > 1 else (K3["n"] + K3["v"]) // 32), len(bulk)
+    assert ("multicast" in body) == (cl > 1)
     wait = body.find("griddepcontrol.wait")
-    assert 0 < wait and sum(b < wait for b in bulk) == K3["n"] // 32
+    assert 0 < wait and sum(b < wait for b in bulk) == (1 if cl > 1 else K3["n"] // 32)
+    # clusters: armed mbarriers before the first copy (a barrier), W_UK read before W_UV lands (a second), and the
+    # arrive / wait pair around the tail
+    assert count(body, r"barrier\.cluster\.wait") == (3 if cl > 1 else 0)
+    if cl > 1:
+        assert body.find("barrier.cluster.wait") < bulk[0]
     assert count(body, r"mbarrier\.init") == 2
     # the arrival (gpu is PTX's default scope) and the last CTA's acquire fence
     assert count(body, r"atom\.global\.acq_rel(?:\.gpu)?\.add") == 1 and count(body, r"fence\.acq_rel\.gpu") == 1
@@ -598,9 +609,20 @@ def test_mla_heads_supports_and_splits():
     assert ma.heads_reason(1, 6, 128, 128, 64, 512, 132) is None
     assert ma.heads_reason(32, 6, 128, 128, 64, 512, 132)          # 192 (row, head) pairs: more than one wave
     # one wave: M * h * NS <= SMs; one 32-token tile at least per split; at most HEADS_MAX_NS
-    assert ma.heads_splits(1, 6, 1024) == 22 and ma.heads_splits(1, 12, 1024) == 11
-    assert ma.heads_splits(2, 6, 1024) == 11 and ma.heads_splits(1, 6, 40) == 2
+    # rounded down to a multiple of the cluster (8) where there are that many
+    assert ma.heads_splits(1, 6, 1024) == 16 and ma.heads_splits(1, 12, 1024) == 8
+    assert ma.heads_splits(2, 6, 1024) == 8 and ma.heads_splits(1, 6, 40) == 2 and ma.heads_splits(4, 6, 1024) == 5
     assert ma.heads_splits(1, 1, 4096) == ma.HEADS_MAX_NS and ma.heads_splits(64, 6, 1024) == 1
+    assert [ma.heads_cluster(n) for n in (1, 2, 5, 6, 12, 16, 22, 64)] == [1, 2, 1, 2, 4, 8, 2, 8]
+
+
+def test_mla_heads_cluster_knob(monkeypatch):
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", "1")
+    assert ma.heads_splits(1, 6, 1024) == 22 and ma.heads_cluster(16) == 1
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", "4")
+    assert ma.heads_splits(1, 6, 1024) == 20 and ma.heads_cluster(16) == 4
+    with pytest.raises(ValueError):
+        ma.heads_params(6, 128, 128, 64, 512, SCALE, cl=3)
 
 
 @pytest.mark.parametrize("M,T,seq_lens,ns", [(1, 7, [6], 1), (3, 100, [0, 57, 99], 4), (2, 1024, [1023, 300], 22),
