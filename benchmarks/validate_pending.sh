@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s57            # the same, M = 1, 2, and the MLA layer A/B at M = 1
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s56            # the per-head MLA kernel with clusters: GPU tests, alone
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s55            # the per-head MLA kernel: GPU tests, alone (s55b: memcheck, layer A/B)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s54            # WD = 1 at TP8 M = 1 confirmed, 16 pairs; M = 2 / 4
@@ -632,6 +633,15 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s57 ]; then      # session 24 (s56 got no machine): the clustered per-head kernel's GPU tests, alone (M = 1, 2),
+    # and the MLA layer A/B at M = 1 in the same call
+    pytests heads_cl 200 tests/test_mla_heads_gpu.py
+    timeout 100 python3 benchmarks/mla_splits.py --out "$L" --heads 6,12 --ms 1,2 --splits 8x8,32x8 --per-head 1 \
+        --heads-cl 8,1 > "$L/mla_alone_cl.txt" 2>&1
+    echo "mla_splits per-head clusters rc=$?" | tee -a "$S"; grep '^{' "$L/mla_alone_cl.txt" | tee -a "$S"
+    cp "$L/mla_splits.json" "$OUT/mla_splits_heads_cl.json" 2>/dev/null
+    ab_run heads_m1 220 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16,8 --ms 1 --pairs 16
+    tar czf "$OUT/logs_s57.tgz" -C "$L" .
 elif [ "$part" = s56 ]; then      # session 24: the per-head MLA kernel with clusters (multicast weight rows): GPU tests, the
     # attention alone (three launches; per head with clusters of 8 / 4 / 1; split counts at M = 1)
     pytests heads_cl 240 tests/test_mla_heads_gpu.py
