@@ -457,11 +457,12 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     T = cache.shape[1]
     hp = padded_heads(h)
     dev = cache.device
+    chosen = one is not None or bool(splits)     # the caller picked a three-launch variant
     splits = tuple(splits) if splits else fit_splits(n, v, C, splits_for(M, h))
     odt = out_dtype or torch.float32
     sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
     if heads is None:
-        heads = one is None and splits is None and heads_choice(M, h)
+        heads = not chosen and heads_choice(M, h)
     if heads and heads_reason(M, h, n, v, r, C, sms) is None:
         return _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, n_split or heads_splits(M, h, T, sms),
                              append, gate, odt)

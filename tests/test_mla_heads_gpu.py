@@ -95,6 +95,9 @@ def test_heads_op_in_a_cuda_graph(seed, monkeypatch):
     from k3fuse.codegen import registry
     monkeypatch.setenv("K3FUSE_MLA_HEADS", "1")
     registry.register()
+    launched = []
+    real = ma._launch_heads
+    monkeypatch.setattr(ma, "_launch_heads", lambda *a: launched.append(a[0].shape) or real(*a))
     bf = torch.bfloat16
     cases = []
     for M, h, T, sl0 in [(2, 12, 300, [10, 200]), (1, 6, 1024, [700])]:
@@ -108,6 +111,7 @@ def test_heads_op_in_a_cuda_graph(seed, monkeypatch):
                                                                  SCALE, c[7], bf) for c in cases]
     for f in calls:
         f()                                                   # compile outside the capture
+    assert len(launched) == 2                                 # the knob reaches the op's launcher: the per-head kernel
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         outs = [f() for f in calls]
