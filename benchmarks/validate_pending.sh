@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s59            # the per-head kernel, weights split over a cluster: tests, alone, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s58            # its layer A/B after the dispatch fix
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s57            # the same, M = 1, 2, and the MLA layer A/B at M = 1
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s56            # the per-head MLA kernel with clusters: GPU tests, alone
@@ -634,6 +635,15 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s59 ]; then      # session 24: the per-head kernel with the weight rows split over a cluster (DSMEM merges):
+    # GPU tests, alone (clusters of 8 / none), the MLA layer A/B at M = 1
+    pytests heads_dsmem 200 tests/test_mla_heads_gpu.py
+    timeout 100 python3 benchmarks/mla_splits.py --out "$L" --heads 6,12 --ms 1,2 --splits 8x8 --per-head 1 \
+        --heads-cl 8,1 > "$L/mla_alone_dsmem.txt" 2>&1
+    echo "mla_splits per-head dsmem rc=$?" | tee -a "$S"; grep '^{' "$L/mla_alone_dsmem.txt" | tee -a "$S"
+    cp "$L/mla_splits.json" "$OUT/mla_splits_heads_dsmem.json" 2>/dev/null
+    ab_run heads_m1 220 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16,8 --ms 1 --pairs 16
+    tar czf "$OUT/logs_s59.tgz" -C "$L" .
 elif [ "$part" = s58 ]; then      # session 24: s57's layer A/B again after the fix (the knob never reached the layer's launches:
     # kernels differ 0); the dispatcher test now asserts the per-head launcher ran
     pytests heads_op 120 tests/test_mla_heads_gpu.py -k "op_in_a_cuda_graph or split_counts"

@@ -511,8 +511,9 @@ HEADS_MAX_NS = 64       # splits per (row, head): the merge's 8 warps x 8 partia
 HEADS_TT = 32
 HEADS_BY_HEADS: dict = {}
 HEADS_CTR_SLOTS = 64 * MAX_HEADS      # the arrival counters per device: M * h <= this
-HEADS_CL = 8            # splits of one (head, row) per cluster sharing each weight row's copy (multicast); <= 8
-                        # (the portable cluster size). K3FUSE_MLA_HEADS_CL overrides it (1: no clusters).
+HEADS_CL = 8            # the largest cluster: the splits of one (head, row), each CTA with its 1 / CL of W_UK and
+                        # W_UV, merged in distributed shared memory; <= 8 (the portable cluster size).
+                        # K3FUSE_MLA_HEADS_CL overrides it (1: no clusters; splits merged by the counters).
 
 
 def heads_supports(h: int, n: int, v: int, r: int, C: int) -> Optional[str]:
@@ -534,20 +535,22 @@ def heads_cl() -> int:
 
 
 def heads_cluster(ns: int) -> int:
-    """CTAs per cluster for ns splits: the largest power of two <= heads_cl() that divides ns."""
-    c = 1
-    while c * 2 <= heads_cl() and ns % (c * 2) == 0:
-        c *= 2
-    return c
+    """CTAs per cluster for ns splits: ns itself where it is a power of two in 2 .. heads_cl() (the cluster is all
+    the splits of a (head, row)), else 1."""
+    return ns if 2 <= ns <= heads_cl() and ns & (ns - 1) == 0 else 1
 
 
 def heads_splits(M: int, h: int, T: int, sms: int = 132) -> int:
-    """Splits of T per (row, head): one wave of one CTA per SM (M * h * NS <= sms), at least one 32-token tile each,
-    at most HEADS_MAX_NS; rounded down to a multiple of the cluster size where there are that many."""
+    """Splits of T per (row, head). With clusters (heads_cl() > 1): the largest power of two <= heads_cl() that
+    keeps one wave (M * h * NS <= sms) and a tile per split, if that is >= 2. Otherwise one wave of one CTA per SM,
+    at least one 32-token tile each, at most HEADS_MAX_NS (merged by the counters)."""
     ntiles = -(-T // HEADS_TT)
-    ns = max(1, min(HEADS_MAX_NS, sms // max(1, M * h), ntiles))
     cl = heads_cl()
-    return ns // cl * cl if ns >= cl else ns
+    while cl >= 2 and (M * h * cl > sms or cl > ntiles):
+        cl //= 2
+    if cl >= 2:
+        return cl
+    return max(1, min(HEADS_MAX_NS, sms // max(1, M * h), ntiles))
 
 
 def heads_choice(M: int, h: int) -> bool:
@@ -572,7 +575,7 @@ def heads_reason(M: int, h: int, n: int, v: int, r: int, C: int, sms: int) -> Op
 
 def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate=False, out_dtype="float32",
                  cl: int = 1) -> dict:
-    if n % cl or v % cl or n // cl > THREADS or v // cl > THREADS:
+    if n % cl or v % cl or (n // cl) % (THREADS // (C // 8)) or n // cl + v // cl > THREADS:
         raise ValueError(f"a cluster of {cl} does not split n = {n} / v = {v} rows")
     return dict(H=h, N=n, V=v, R=r, C=C, TT=HEADS_TT, THREADS=THREADS, MAX_NS=HEADS_MAX_NS, SCALE=repr(float(scale)),
                 CL=int(cl),

@@ -33,7 +33,8 @@ CASES = [(1, 1024, [1023]), (1, 1000, [517]), (1, 7, [0]), (2, 300, [299, 31]), 
 @pytest.mark.parametrize("h", [6, 12])
 @pytest.mark.parametrize("cl", ["8", "1"])
 def test_heads_matches_reference(M, T, seq_lens, h, cl, seed, monkeypatch):
-    """With clusters of up to 8 splits (the default: the weights multicast) and without (K3FUSE_MLA_HEADS_CL=1)."""
+    """With a cluster of the splits (the default: each CTA its share of the weight rows, merged in distributed
+    shared memory) and without (K3FUSE_MLA_HEADS_CL=1: whole rows per CTA, merged by counters)."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     args = inputs(M, h, T, seq_lens)
@@ -43,10 +44,10 @@ def test_heads_matches_reference(M, T, seq_lens, h, cl, seed, monkeypatch):
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
 
-@pytest.mark.parametrize("n_split", [1, 2, 5, 12, 33, 64])
+@pytest.mark.parametrize("n_split", [1, 2, 4, 5, 8, 12, 33, 64])
 def test_heads_split_counts(n_split, seed):
-    """Any split count 1..HEADS_MAX_NS (clusters of 1, 2, 1, 4, 1, 8): splits past seq_lens are empty (max -inf,
-    sum 0) and drop out of the merge."""
+    """Any split count 1..HEADS_MAX_NS (2, 4, 8: one cluster merging in distributed shared memory; the others:
+    counters): splits past seq_lens are empty (max -inf, sum 0) and drop out of the merge."""
     args = inputs(2, 6, 1000, [999, 40])
     o = run_heads(args, n_split)
     torch.cuda.synchronize()

@@ -565,12 +565,14 @@ def test_mla_combine_preload_loads_ahead(h, monkeypatch, isolated_kernel_cache):
 
 
 @pytest.mark.parametrize("arch,h,append,cl", [("sm_90a", 6, True, 8), ("sm_100a", 12, True, 8), ("sm_90a", 12, False, 1),
-                                              ("sm_90a", 6, False, 2)])
+                                              ("sm_90a", 6, False, 2), ("sm_100a", 6, True, 1)])
 def test_mla_heads_kernel_compiles(arch, h, append, cl, isolated_kernel_cache):
-    """The per-head variant: one kernel; W_UK then W_UV (N and V rows of C bf16) by bulk copies on two mbarriers,
-    the W_UK copies before the chain's wait (PDL on by default); with a cluster (cl > 1) each CTA copies N / cl and
-    V / cl rows multicast to the cluster, behind a cluster barrier; the arrival as an acq_rel gpu-scope atomic;
-    16-byte cache loads (the first tile's and the next tile's CPT chunks per thread); no local memory."""
+    """The per-head variant: one kernel; weight rows by one bulk copy each on two mbarriers, the first ones before
+    the chain's wait (PDL on by default). Without a cluster: all of W_UK, then all of W_UV into the same buffer
+    (behind a proxy fence), the splits merged by an acq_rel gpu-scope arrival. With a cluster of cl: rank c copies its
+    N / cl + V / cl rows (all before the wait), the partial queries and the splits' partials merged through
+    distributed shared memory (ld.shared::cluster) behind three cluster barriers; no counter. 16-byte cache loads (the
+    first tile's and the next tile's CPT chunks per thread); no local memory."""
     pytest.importorskip("cutlass")
     kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16") if append else {}
     k = ma.build_heads(h, **K3, scale=SCALE, arch=arch, load=False, cl=cl, **kw)
@@ -579,27 +581,27 @@ def test_mla_heads_kernel_compiles(arch, h, append, cl, isolated_kernel_cache):
     ks = entries(ptx)
     assert set(ks) == {"heads_kernel"}, list(ks)
     body = ks["heads_kernel"]
-    assert "ld.local" not in body and "st.local" not in body
-    mc = r"\.multicast::cluster" if cl > 1 else ""
-    bulk = [mm.start() for mm in re.finditer(r"cp\.async\.bulk\.shared::c[a-z]+\.global\.mbarrier::complete_tx::bytes"
-                                             + mc + r" ", body)]
-    # one copy instruction per W_UK / W_UV row group: 4 + 4 per warp-0 lane, or one row each per CTA of a cluster
-    assert len(bulk) == (2 if cl > 1 else (K3["n"] + K3["v"]) // 32), len(bulk)
-    assert ("multicast" in body) == (cl > 1)
+    assert "ld.local" not in body and "st.local" not in body and "multicast" not in body
+    bulk = [mm.start() for mm in re.finditer(r"cp\.async\.bulk\.shared::c[a-z]+\.global\.mbarrier::complete_tx::bytes ",
+                                             body)]
     wait = body.find("griddepcontrol.wait")
-    assert 0 < wait and sum(b < wait for b in bulk) == (1 if cl > 1 else K3["n"] // 32)
-    # clusters: armed mbarriers before the first copy (a barrier), W_UK read before W_UV lands (a second), and the
-    # arrive / wait pair around the tail
-    assert count(body, r"barrier\.cluster\.wait") == (3 if cl > 1 else 0)
-    if cl > 1:
-        assert body.find("barrier.cluster.wait") < bulk[0]
     assert count(body, r"mbarrier\.init") == 2
-    # the arrival (gpu is PTX's default scope) and the last CTA's acquire fence
-    assert count(body, r"atom\.global\.acq_rel(?:\.gpu)?\.add") == 1 and count(body, r"fence\.acq_rel\.gpu") == 1
-    assert count(body, r"fence\.proxy\.async\.shared::cta") == 1   # W_UK's generic reads before W_UV's bulk copies
     v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
     cpt = (K3["C"] + K3["r"]) // 8 // (ma.THREADS // ma.HEADS_TT)
     assert count(body, v4) >= 2 * cpt
+    if cl == 1:
+        # 4 + 4 per warp-0 lane; W_UK's before the wait, W_UV's after the absorb
+        assert len(bulk) == (K3["n"] + K3["v"]) // 32 and sum(b < wait for b in bulk) == K3["n"] // 32
+        assert count(body, r"atom\.global\.acq_rel(?:\.gpu)?\.add") == 1 and count(body, r"fence\.acq_rel\.gpu") == 1
+        assert count(body, r"fence\.proxy\.async\.shared::cta") == 1   # W_UK's generic reads before W_UV's copies
+        assert "barrier.cluster" not in body and "shared::cluster.f32" not in body
+    else:
+        # one W_UK and one W_UV copy instruction (a row per thread), both before the wait
+        assert len(bulk) == 2 and all(b < wait for b in bulk)
+        assert "atom.global" not in body
+        assert count(body, r"barrier\.cluster\.arrive") == 3 and count(body, r"barrier\.cluster\.wait") == 3
+        # the query's C / THREADS columns and the merge's (max, sum) and C / THREADS columns, from each of cl CTAs
+        assert count(body, r"ld\.shared::cluster\.f32") == cl * (2 * (K3["C"] // ma.THREADS) + 2)
 
 
 def test_mla_heads_supports_and_splits():
@@ -609,20 +611,23 @@ def test_mla_heads_supports_and_splits():
     assert ma.heads_reason(1, 6, 128, 128, 64, 512, 132) is None
     assert ma.heads_reason(32, 6, 128, 128, 64, 512, 132)          # 192 (row, head) pairs: more than one wave
     # one wave: M * h * NS <= SMs; one 32-token tile at least per split; at most HEADS_MAX_NS
-    # rounded down to a multiple of the cluster (8) where there are that many
-    assert ma.heads_splits(1, 6, 1024) == 16 and ma.heads_splits(1, 12, 1024) == 8
-    assert ma.heads_splits(2, 6, 1024) == 8 and ma.heads_splits(1, 6, 40) == 2 and ma.heads_splits(4, 6, 1024) == 5
-    assert ma.heads_splits(1, 1, 4096) == ma.HEADS_MAX_NS and ma.heads_splits(64, 6, 1024) == 1
-    assert [ma.heads_cluster(n) for n in (1, 2, 5, 6, 12, 16, 22, 64)] == [1, 2, 1, 2, 4, 8, 2, 8]
+    # clusters: the largest power of two <= 8 that keeps one wave and a tile per split; else counters, one wave
+    assert ma.heads_splits(1, 6, 1024) == 8 and ma.heads_splits(1, 12, 1024) == 8
+    assert ma.heads_splits(2, 6, 1024) == 8 and ma.heads_splits(3, 6, 1024) == 4 and ma.heads_splits(4, 12, 1024) == 2
+    assert ma.heads_splits(1, 6, 40) == 2 and ma.heads_splits(1, 6, 7) == 1 and ma.heads_splits(64, 6, 1024) == 1
+    assert [ma.heads_cluster(n) for n in (1, 2, 4, 5, 8, 12, 16, 64)] == [1, 2, 4, 1, 8, 1, 1, 1]
 
 
 def test_mla_heads_cluster_knob(monkeypatch):
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", "1")
-    assert ma.heads_splits(1, 6, 1024) == 22 and ma.heads_cluster(16) == 1
+    assert ma.heads_splits(1, 6, 1024) == 22 and ma.heads_cluster(8) == 1
+    assert ma.heads_splits(1, 1, 4096) == ma.HEADS_MAX_NS
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", "4")
-    assert ma.heads_splits(1, 6, 1024) == 20 and ma.heads_cluster(16) == 4
+    assert ma.heads_splits(1, 6, 1024) == 4 and ma.heads_cluster(4) == 4 and ma.heads_cluster(8) == 1
     with pytest.raises(ValueError):
         ma.heads_params(6, 128, 128, 64, 512, SCALE, cl=3)
+    with pytest.raises(ValueError):
+        ma.heads_params(6, 128, 128, 64, 512, SCALE, cl=64)      # 2 W_UK rows per CTA: fewer than the n-groups
 
 
 @pytest.mark.parametrize("M,T,seq_lens,ns", [(1, 7, [6], 1), (3, 100, [0, 57, 99], 4), (2, 1024, [1023, 300], 22),
