@@ -642,7 +642,13 @@ elif [ "$part" = s59 ]; then      # session 24: the per-head kernel with the wei
         --heads-cl 8,1 > "$L/mla_alone_dsmem.txt" 2>&1
     echo "mla_splits per-head dsmem rc=$?" | tee -a "$S"; grep '^{' "$L/mla_alone_dsmem.txt" | tee -a "$S"
     cp "$L/mla_splits.json" "$OUT/mla_splits_heads_dsmem.json" 2>/dev/null
-    ab_run heads_m1 220 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16,8 --ms 1 --pairs 16
+    # the layer A/B only where the kernel alone beat the three launches (h = 6 or 12 at M = 1), to spare device time
+    tps=$(python3 -c "
+import json
+rows = json.load(open('$L/mla_splits.json'))['rows']
+print(','.join(str({6: 16, 12: 8}[r['h']]) for r in rows if r['M'] == 1 and r['us'].get('heads:8', 1e9) < r['us'].get('8x8', 0)))")
+    echo "per head faster alone at TP: '${tps}'" | tee -a "$S"
+    [ -n "$tps" ] && ab_run heads_m1 220 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp "$tps" --ms 1 --pairs 16
     tar czf "$OUT/logs_s59.tgz" -C "$L" .
 elif [ "$part" = s58 ]; then      # session 24: s57's layer A/B again after the fix (the knob never reached the layer's launches:
     # kernels differ 0); the dispatcher test now asserts the per-head launcher ran
