@@ -635,6 +635,10 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s60 ]; then      # session 24: the DSMEM per-head kernel's memcheck; the MLA layer A/B at TP16 / TP8, M = 1, 2
+    memcheck memcheck_heads 100 tests/test_mla_heads_gpu.py -k "append_gate and 6-True and 2-64 or split_counts and 8"
+    ab_run heads_m12 200 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16,8 --ms 1,2 --pairs 16
+    tar czf "$OUT/logs_s60.tgz" -C "$L" .
 elif [ "$part" = s59 ]; then      # session 24: the per-head kernel with the weight rows split over a cluster (DSMEM merges):
     # GPU tests, alone (clusters of 8 / none), the MLA layer A/B at M = 1
     pytests heads_dsmem 200 tests/test_mla_heads_gpu.py
