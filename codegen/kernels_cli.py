@@ -263,7 +263,13 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         skipped.append(dict(op="k3fuse::mla_attention", shape=dict(h=h, n=n, v=v, r=r, C=C), reason=why))
     else:
         by_splits: dict = {}                        # one kernel per (QS, VS, tile pipeline) the requested buckets use
+        by_cl: dict = {}                            # the per-head kernel (one per cluster size) where it is the default
         for b in buckets:
+            if groups == 1 and mla_attention.heads_choice(b, h) \
+                    and mla_attention.heads_reason(b, h, n, v, r, C, PLAN_SMS) is None:
+                ns = mla_attention.heads_splits(b, h, PLAN_CONTEXT, PLAN_SMS)
+                by_cl.setdefault(mla_attention.heads_cluster(ns), []).append(b)
+                continue
             # the tile pipeline as the launcher takes it at a 1024-token context on 132 SMs (H100 / H200): where the
             # split grid fits one CTA per SM; other contexts may launch the same splits with the other choice
             ns = mla_attention.n_splits(b, PLAN_CONTEXT, PLAN_SMS)
@@ -287,6 +293,12 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                              name=f"mla_{'append_' if fused else ''}attention_h{h}_c{C}_qs{qs}_vs{vs}"
                                   f"{'_pipe' if pipe else ''}{f'_one{g}' if g else ''}",
                              **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
+        for cl, bs in by_cl.items():
+            jobs.append(dict(family="mla_attention", op="k3fuse::mla_append_attention_",
+                             shape=dict(h=h, n=n, v=v, r=r, C=C), bucket=bs[0],
+                             config=dict(variant="heads", scale=(n + r) ** -0.5, buckets=bs, cluster=cl,
+                                         append_eps=cfg.mla_lora_norm_eps, gate=True, out="bfloat16"),
+                             name=f"mla_append_attention_heads_h{h}_c{C}_cl{cl}"))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp
     for b in buckets:
@@ -341,6 +353,10 @@ def build_job(job: dict, arch: str):
         from . import mla_attention
         s = job["shape"]
         c = job["config"]
+        if c.get("variant") == "heads":
+            return mla_attention.build_heads(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
+                                             append_eps=c["append_eps"], gate=c["gate"], out_dtype=c["out"],
+                                             cl=c["cluster"])
         return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
                                    splits=c["splits"], append_eps=c.get("append_eps"), gate=c.get("gate", False),
                                    out_dtype=c.get("out", "float32"), pipe=c.get("pipe", False),

@@ -504,12 +504,17 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
 # attends to its split of the tokens, applies W_UV[hd] to its partial and arrives on a per-(row, head) counter; the
 # last split merges. No grid barrier, no qabsorb / combine launches: 3 -> 1 kernel per MLA layer. Costs: every
 # split re-reads W_UK[hd] and W_UV[hd] (256 KB, from L2 after the first), ~150 KB of shared memory (one CTA per SM).
-# Opt-in until measured (K3FUSE_MLA_HEADS=1 everywhere it applies, 0 nowhere); HEADS_BY_HEADS lists the heads per
-# rank -> batch buckets where a measurement made it the default.
+# K3FUSE_MLA_HEADS=1 everywhere it applies, 0 nowhere; unset: where HEADS_BY_HEADS lists the heads per rank ->
+# batch buckets in which a measurement made it the default.
 HEADS_TEMPLATE = "mla_attention_heads.py.jinja"
 HEADS_MAX_NS = 64       # splits per (row, head): the merge's 8 warps x 8 partials
 HEADS_TT = 32
-HEADS_BY_HEADS: dict = {}
+# heads per rank -> batch buckets where the per-head kernel is the default (K3FUSE_MLA_HEADS unset). Measured on the
+# H200 (2026-12-03, RESULTS.md "Session 24", layer_ab.py --var K3FUSE_MLA_HEADS=0,1 --kinds mla, 16 ABBA pairs, with
+# the weight rows split over a cluster): TP16 (h = 6) M = 2 -2.09 us [-2.38, -1.67], 16 / 16 faster (alone: 11.06
+# against 12.96 us); M = 1 +1.05 (2 / 16); TP8 (h = 12) M = 1 -0.80 (13 / 16) in one process, +0.43 (5 / 16) in the
+# next, M = 2 +1.03 (4 / 16). Buckets 4 and up were not measured.
+HEADS_BY_HEADS: dict = {6: (2,)}
 HEADS_CTR_SLOTS = 64 * MAX_HEADS      # the arrival counters per device: M * h <= this
 HEADS_CL = 8            # the largest cluster: the splits of one (head, row), each CTA with its 1 / CL of W_UK and
                         # W_UV, merged in distributed shared memory; <= 8 (the portable cluster size).

@@ -552,6 +552,15 @@ def test_plan_follows_runtime_choices(monkeypatch):
     monkeypatch.delenv("K3FUSE_MLA_MMA")
     assert {j["config"]["pipe"]: j["config"]["buckets"] for j in jobs8c if j["family"] == "mla_attention"} == \
         {False: [1], True: [8]}
+    # the per-head kernel where mla_attention.HEADS_BY_HEADS makes it the default (TP16 M = 2: a cluster of 8 splits)
+    jobs2, _ = kernels_cli.plan("k3", 16, [1, 2], "sm_90a")
+    heads = [j for j in jobs2 if j["config"].get("variant") == "heads"]
+    assert [(j["config"]["buckets"], j["config"]["cluster"], j["op"]) for j in heads] == \
+        [([2], 8, "k3fuse::mla_append_attention_")]
+    assert [j["config"]["buckets"] for j in jobs2 if j["family"] == "mla_attention" and j not in heads] == [[1]]
+    monkeypatch.setenv("K3FUSE_MLA_HEADS", "0")
+    assert not [j for j in kernels_cli.plan("k3", 16, [2], "sm_90a")[0] if j["config"].get("variant") == "heads"]
+    monkeypatch.delenv("K3FUSE_MLA_HEADS")
     # one head group (TP16): pass fuse_mla_append_and_gate's op, its append + gate variant; TP2's groups: the plain one
     assert {j["op"] for j in jobs3 if j["family"] == "mla_attention"} == {"k3fuse::mla_append_attention_"}
     assert {j["config"]["gate"] for j in jobs3 if j["family"] == "mla_attention"} == {True}

@@ -669,3 +669,16 @@ def test_mla_heads_arithmetic_model(M, T, seq_lens, ns):
             out[m, hd] = sum(wt * p[2] for wt, p in zip(wts, parts)) / sum(wt * p[1] for wt, p in zip(wts, parts))
     ref = reference(*args, SCALE).double()
     assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+
+
+def test_kernels_cli_builds_the_per_head_job(isolated_kernel_cache):
+    """`k3fuse kernels` compiles the per-head kernel where it is the default (K3 TP16, bucket 2) with the same
+    parameters as the launcher: its PTX has the cluster's distributed shared memory loads."""
+    pytest.importorskip("cutlass")
+    from k3fuse.codegen import kernels_cli
+    jobs, _ = kernels_cli.plan("k3", 16, [2], "sm_90a")
+    (job,) = [j for j in jobs if j["config"].get("variant") == "heads"]
+    k = kernels_cli.build_job(job, "sm_90a")
+    assert "params: APPEND=True, C=512, CL=8, EPS='1e-06', GATE=True, H=6," in k.source
+    assert "ld.shared::cluster.f32" in open(k.files["kernel.ptx"]).read()
+    assert ma.heads_choice(2, 6) and not ma.heads_choice(1, 6) and not ma.heads_choice(2, 12)
