@@ -26,6 +26,8 @@ Compile-time: h (and its padding HP), n, v, r, C, the q dtype, the scale, the ti
 threads, and the arch. Runtime: M, T and NS (splits per row, chosen by n_splits() from M, T and the SM count; the
 scratch tensors carry it), so the kernel does not recompile per batch, cache length or split count.
 
+The per-head variant (HEADS_TEMPLATE, session 24; below): one launch, a cluster of splits per (head, row) sharing the
+head's W_UK / W_UV rows and merging in distributed shared memory; the default where HEADS_BY_HEADS lists it.
 Validated on the H200 (2026-11-29; session 12 column-split qabsorb and combine 2026-12-01, tests/test_mla_kernel_gpu.py);
 registered by registry.register() (IMPLS).
 """
