@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s60            # its memcheck, the MLA layer A/B at TP16 / TP8, M = 1, 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s59            # the per-head kernel, weights split over a cluster: tests, alone, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s58            # its layer A/B after the dispatch fix
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s57            # the same, M = 1, 2, and the MLA layer A/B at M = 1
