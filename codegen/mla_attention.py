@@ -490,11 +490,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     ml = torch.empty(M, ns, hp, 2, dtype=f32, device=dev)
     if out is None:
         out = torch.empty(M, h, v, dtype=odt, device=dev)
-    extra = []
-    if append is not None:
-        extra += [_prep(append[0]), _prep(append[1])]
-    if gate is not None:
-        extra.append(_prep(gate).view(M, h, v))
+    extra = _append_gate_args(M, h, v, append, gate)
     if G is not None:
         extra.append(one_state(dev, G))
     kern(qn, qp, cache, w, sl, qs, opart, ml, out, *extra)
@@ -627,6 +623,16 @@ def heads_counters(device):
     return _heads_ctr[key]
 
 
+def _append_gate_args(M, h, v, append, gate) -> list:
+    """The kernels' trailing arguments of the append (ckv, kv_norm_w) and gate ([M, h, v]) variants, in that order."""
+    extra = []
+    if append is not None:
+        extra += [_prep(append[0]), _prep(append[1])]
+    if gate is not None:
+        extra.append(_prep(gate).view(M, h, v))
+    return extra
+
+
 def _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, ns, append, gate, odt):
     import torch
     M, h, n = q_nope.shape
@@ -644,11 +650,7 @@ def _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, ns, append, g
     ml = torch.empty(M, ns, h, 2, dtype=f32, device=dev)
     if out is None:
         out = torch.empty(M, h, v, dtype=odt, device=dev)
-    extra = []
-    if append is not None:
-        extra += [_prep(append[0]), _prep(append[1])]
-    if gate is not None:
-        extra.append(_prep(gate).view(M, h, v))
+    extra = _append_gate_args(M, h, v, append, gate)
     kern(_prep_q(q_nope), _prep_q(q_pe), cache, _prep(kv_b).view(h, n + v, C), _prep(seq_lens, torch.int64), opart, ml,
          out, heads_counters(dev), *extra)
     return out

@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("cutlass")
 
 from _check import rel  # noqa: E402
-from test_mla_kernel_gpu import C, N, R, SCALE, V, inputs, reference  # noqa: E402
+from test_mla_kernel_gpu import C, N, R, SCALE, V, check_append, inputs, reference  # noqa: E402
 
 
 def run_heads(args, n_split=None, **kw):
@@ -60,41 +60,19 @@ def test_heads_split_counts(n_split, seed):
 def test_heads_append_gate_matches_reference(M, T, seq_lens, h, gated, seed):
     """The append variant: the new rows written at seq_lens (within one rounding of the reference's norm, every other
     row bitwise untouched), o gated in bf16 (or fp32 ungated) within 1e-2 of the reference on a clean copy."""
-    from k3fuse import ops
-    bf = torch.bfloat16
-    qn, qp, cache, kv_b, sl = inputs(M, h, T, seq_lens)
-    ckv = (torch.randn(M, C + R, device="cuda") * 3).to(bf)
-    nw = (torch.rand(C, device="cuda") + 0.5).to(bf)
-    gate = torch.randn(M, h * V, device="cuda").to(bf) if gated else None
-    odt = bf if gated else None
-    cache0 = cache.clone()
-    o = run_heads((qn, qp, cache, kv_b, sl), append=(ckv, nw, 1e-6), gate=gate, out_dtype=odt)
-    torch.cuda.synchronize()
-    rows = torch.arange(M, device="cuda")
-    want = torch.cat([ops._rms(ckv[:, :C], 1e-6).to(bf) * nw, ckv[:, C:]], -1)
-    got = cache[rows, sl]
-    assert rel(got, want) < 1e-2 and (got != want).float().mean() < 0.02
-    untouched = torch.ones(M, T, dtype=torch.bool, device="cuda")
-    untouched[rows, sl] = False
-    assert torch.equal(cache[untouched].view(torch.int16), cache0[untouched].view(torch.int16))
-    clean = cache.clone()
-    for m in range(M):
-        clean[m, int(sl[m]) + 1:] = 0
-    ref = ops.mla_attention._init_fn(qn, qp, clean, kv_b, sl, SCALE)
-    if gated:
-        ref = ref * torch.sigmoid(gate.float().view(ref.shape))
-    assert o.dtype == (odt or torch.float32)
-    assert rel(o, ref) < 1e-2
+    check_append(M, T, seq_lens, h, gated, heads=True)
 
 
-def test_heads_op_in_a_cuda_graph(seed, monkeypatch):
+@pytest.mark.parametrize("cl", ["8", "1"])
+def test_heads_op_in_a_cuda_graph(cl, seed, monkeypatch):
     """k3fuse::mla_append_attention_ through the dispatcher with K3FUSE_MLA_HEADS=1, two launches of different
-    (M, h) in one CUDA graph, replayed with new ckv / seq_lens / q: every replay matches the reference and leaves
-    the arrival counters at zero."""
+    (M, h) in one CUDA graph, replayed with new ckv / seq_lens / q: every replay matches the reference; without
+    clusters (K3FUSE_MLA_HEADS_CL=1, where the splits merge by the arrival counters) the counters are back at zero."""
     from k3fuse import ops
     from k3fuse.codegen import mla_attention as ma
     from k3fuse.codegen import registry
     monkeypatch.setenv("K3FUSE_MLA_HEADS", "1")
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     registry.register()
     launched = []
     real = ma._launch_heads

@@ -53,7 +53,7 @@ def run_kernel(args, n_split=None, one=None):
     M, h, _ = q_nope.shape
     assert ma.launch_ok(*args) is None
     o = torch.full((M, h, V), float("nan"), device="cuda")
-    ma.mla_attention(*args, SCALE, out=o, n_split=n_split, one=one)
+    ma.mla_attention(*args, SCALE, out=o, n_split=n_split, one=one, heads=False)   # the per-head one: its own file
     return o
 
 
@@ -182,7 +182,12 @@ def test_mla_append_attention_matches_reference(M, T, seq_lens, h, gated, seed):
     """k3fuse::mla_append_attention_ through its CUDA impl (pass fuse_mla_append_and_gate): the new rows written
     at seq_lens (bf16 within one rounding of the reference's norm, every other row bitwise untouched, garbage
     included), o (bf16 gated / fp32 ungated, NaN-poisoned before the launch) within 1e-2 of the
-    op's reference on a clean copy of the cache."""
+    op's reference on a clean copy of the cache. The three launches (the per-head kernel: test_mla_heads_gpu.py)."""
+    check_append(M, T, seq_lens, h, gated, heads=False)
+
+
+def check_append(M, T, seq_lens, h, gated, **launch):
+    """The append + gate variant's checks (above), launched with mla_attention(..., **launch)."""
     from k3fuse import ops
     from k3fuse.codegen import mla_attention as ma
     bf = torch.bfloat16
@@ -195,7 +200,8 @@ def test_mla_append_attention_matches_reference(M, T, seq_lens, h, gated, seed):
     assert ma.launch_ok(qn, qp, cache, kv_b, sl) is None
     assert ma.append_ok(qn, ckv, nw, bf, cache, kv_b, gate, odt) is None
     out = torch.full((M, h, V), float("nan"), device="cuda", dtype=odt or torch.float32)
-    o = ma.mla_attention(qn, qp, cache, kv_b, sl, SCALE, out=out, append=(ckv, nw, 1e-6), gate=gate, out_dtype=odt)
+    o = ma.mla_attention(qn, qp, cache, kv_b, sl, SCALE, out=out, append=(ckv, nw, 1e-6), gate=gate, out_dtype=odt,
+                         **launch)
     torch.cuda.synchronize()
     assert o is out and o.dtype == (odt or torch.float32)
     rows = torch.arange(M, device="cuda")
