@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s61            # clusters of 16: tests (and s24's review), alone, the A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s60            # its memcheck, the MLA layer A/B at TP16 / TP8, M = 1, 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s59            # the per-head kernel, weights split over a cluster: tests, alone, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s58            # its layer A/B after the dispatch fix
@@ -636,6 +637,22 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s61 ]; then      # session 25: session 24's review commit on the GPU (per-head + three-launch tests, the
+    # counter-path graph test) with clusters of 16 (non-portable); alone CL 16 / 8 against three launches; the MLA
+    # layer A/B at TP16 M = 1 with CL = 16 where alone it beat the three launches
+    pytests heads_cl16 300 tests/test_mla_heads_gpu.py tests/test_mla_kernel_gpu.py
+    timeout 120 python3 benchmarks/mla_splits.py --out "$L" --heads 6,12 --ms 1,2 --splits 8x8 --per-head 1 \
+        --heads-cl 16,8 > "$L/mla_alone_cl16.txt" 2>&1
+    echo "mla_splits per-head cl16 rc=$?" | tee -a "$S"; grep '^{' "$L/mla_alone_cl16.txt" | tee -a "$S"
+    cp "$L/mla_splits.json" "$OUT/mla_splits_heads_cl16.json" 2>/dev/null
+    ok=$(python3 -c "
+import json
+rows = json.load(open('$L/mla_splits.json'))['rows']
+print(any(r['M'] == 1 and r['h'] == 6 and r['us'].get('heads:16', 1e9) < r['us'].get('8x8', 0) for r in rows))")
+    echo "cl16 faster alone at h = 6 M = 1: $ok" | tee -a "$S"
+    [ "$ok" = True ] && K3FUSE_MLA_HEADS_CL=16 ab_run heads16_m1 200 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16 \
+        --ms 1 --pairs 16
+    tar czf "$OUT/logs_s61.tgz" -C "$L" .
 elif [ "$part" = s60 ]; then      # session 24: the DSMEM per-head kernel's memcheck; the MLA layer A/B at TP16 / TP8, M = 1, 2
     memcheck memcheck_heads 100 tests/test_mla_heads_gpu.py -k "append_gate and 6-True and 2-64 or split_counts and 8"
     ab_run heads_m12 200 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16,8 --ms 1,2 --pairs 16

@@ -515,8 +515,11 @@ HEADS_TT = 32
 HEADS_BY_HEADS: dict = {6: (2,)}
 HEADS_CTR_SLOTS = 64 * MAX_HEADS      # the arrival counters per device: M * h <= this
 HEADS_CL = 8            # the largest cluster: the splits of one (head, row), each CTA with its 1 / CL of W_UK and
-                        # W_UV, merged in distributed shared memory; <= 8 (the portable cluster size).
+                        # W_UV, merged in distributed shared memory; 8 is the portable cluster size.
                         # K3FUSE_MLA_HEADS_CL overrides it (1: no clusters; splits merged by the counters).
+HEADS_CL_MAX = 16       # the knob's ceiling: 16 is Hopper's non-portable cluster size (CuTe DSL sets
+                        # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED on every kernel it loads); a cluster
+                        # of 16 runs only where a GPC has 16 free SMs.
 
 
 def heads_supports(h: int, n: int, v: int, r: int, C: int) -> Optional[str]:
@@ -534,7 +537,7 @@ def heads_supports(h: int, n: int, v: int, r: int, C: int) -> Optional[str]:
 
 
 def heads_cl() -> int:
-    return max(1, min(8, int(os.environ.get("K3FUSE_MLA_HEADS_CL", HEADS_CL) or 1)))
+    return max(1, min(HEADS_CL_MAX, int(os.environ.get("K3FUSE_MLA_HEADS_CL", HEADS_CL) or 1)))
 
 
 def heads_cluster(ns: int) -> int:

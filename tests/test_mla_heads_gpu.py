@@ -31,10 +31,10 @@ CASES = [(1, 1024, [1023]), (1, 1000, [517]), (1, 7, [0]), (2, 300, [299, 31]), 
 
 @pytest.mark.parametrize("M,T,seq_lens", CASES)
 @pytest.mark.parametrize("h", [6, 12])
-@pytest.mark.parametrize("cl", ["8", "1"])
+@pytest.mark.parametrize("cl", ["16", "8", "1"])
 def test_heads_matches_reference(M, T, seq_lens, h, cl, seed, monkeypatch):
     """With a cluster of the splits (the default: each CTA its share of the weight rows, merged in distributed
-    shared memory) and without (K3FUSE_MLA_HEADS_CL=1: whole rows per CTA, merged by counters)."""
+    shared memory; 16: Hopper's non-portable cluster size, where one wave allows it) and without (K3FUSE_MLA_HEADS_CL=1: whole rows per CTA, merged by counters)."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     args = inputs(M, h, T, seq_lens)
@@ -63,7 +63,7 @@ def test_heads_append_gate_matches_reference(M, T, seq_lens, h, gated, seed):
     check_append(M, T, seq_lens, h, gated, heads=True)
 
 
-@pytest.mark.parametrize("cl", ["8", "1"])
+@pytest.mark.parametrize("cl", ["16", "8", "1"])
 def test_heads_op_in_a_cuda_graph(cl, seed, monkeypatch):
     """k3fuse::mla_append_attention_ through the dispatcher with K3FUSE_MLA_HEADS=1, two launches of different
     (M, h) in one CUDA graph, replayed with new ckv / seq_lens / q: every replay matches the reference; without

@@ -565,7 +565,8 @@ def test_mla_combine_preload_loads_ahead(h, monkeypatch, isolated_kernel_cache):
 
 
 @pytest.mark.parametrize("arch,h,append,cl", [("sm_90a", 6, True, 8), ("sm_100a", 12, True, 8), ("sm_90a", 12, False, 1),
-                                              ("sm_90a", 6, False, 2), ("sm_100a", 6, True, 1)])
+                                              ("sm_90a", 6, False, 2), ("sm_100a", 6, True, 1),
+                                              ("sm_90a", 6, True, 16)])
 def test_mla_heads_kernel_compiles(arch, h, append, cl, isolated_kernel_cache):
     """The per-head variant: one kernel; weight rows by one bulk copy each on two mbarriers, the first ones before
     the chain's wait (PDL on by default). Without a cluster: all of W_UK, then all of W_UV into the same buffer
@@ -624,6 +625,11 @@ def test_mla_heads_cluster_knob(monkeypatch):
     assert ma.heads_splits(1, 1, 4096) == ma.HEADS_MAX_NS
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", "4")
     assert ma.heads_splits(1, 6, 1024) == 4 and ma.heads_cluster(4) == 4 and ma.heads_cluster(8) == 1
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", "16")      # non-portable: only where M * h * 16 fits one wave
+    assert ma.heads_splits(1, 6, 1024) == 16 and ma.heads_cluster(16) == 16
+    assert ma.heads_splits(1, 12, 1024) == 8 and ma.heads_splits(2, 6, 1024) == 8
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", "32")      # capped at HEADS_CL_MAX
+    assert ma.heads_cl() == ma.HEADS_CL_MAX == 16
     with pytest.raises(ValueError):
         ma.heads_params(6, 128, 128, 64, 512, SCALE, cl=3)
     with pytest.raises(ValueError):
