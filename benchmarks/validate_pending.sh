@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s62            # q_b inside the per-head kernel: tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s61            # clusters of 16: tests (and s24's review), alone, the A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s60            # its memcheck, the MLA layer A/B at TP16 / TP8, M = 1, 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s59            # the per-head kernel, weights split over a cluster: tests, alone, A/B
@@ -637,6 +638,15 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s62 ]; then      # session 25: the per-head kernel computing q itself (pass fuse_q_b_into_mla_attention):
+    # GPU tests (all per-head ones: the template changed), memcheck, the MLA layer A/Bs: at TP16 M = 2 (per head by
+    # default) the q_b GEMV apart or inside (K3FUSE_MLA_QB=0,1); at M = 1 the three launches + q_b GEMV against per
+    # head with q inside (K3FUSE_MLA_HEADS=0,1), TP16 and TP8
+    pytests heads_qb 240 tests/test_mla_heads_gpu.py
+    memcheck memcheck_qb 120 tests/test_mla_heads_gpu.py -k "qb_op_matches and 8 and 2-300"
+    ab_run qb_m2 150 --var K3FUSE_MLA_QB=0,1 --kinds mla --tp 16 --ms 2 --pairs 16
+    ab_run qb_m1 220 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16,8 --ms 1 --pairs 16
+    tar czf "$OUT/logs_s62.tgz" -C "$L" .
 elif [ "$part" = s61 ]; then      # session 25: session 24's review commit on the GPU (per-head + three-launch tests, the
     # counter-path graph test) with clusters of 16 (non-portable); alone CL 16 / 8 against three launches; the MLA
     # layer A/B at TP16 M = 1 with CL = 16 where alone it beat the three launches

@@ -294,11 +294,16 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                                   f"{'_pipe' if pipe else ''}{f'_one{g}' if g else ''}",
                              **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
         for cl, bs in by_cl.items():
-            jobs.append(dict(family="mla_attention", op="k3fuse::mla_append_attention_",
-                             shape=dict(h=h, n=n, v=v, r=r, C=C), bucket=bs[0],
+            # pass fuse_q_b_into_mla_attention's op: the kernel computes q itself where its cluster splits W_qb
+            ql = cfg.q_lora_rank
+            qb = mla_attention.qb_supports(n, v, r, C, ql, cl) is None
+            jobs.append(dict(family="mla_attention",
+                             op="k3fuse::mla_qb_append_attention_" if qb else "k3fuse::mla_append_attention_",
+                             shape=dict(h=h, n=n, v=v, r=r, C=C, **({"q_lora": ql} if qb else {})), bucket=bs[0],
                              config=dict(variant="heads", scale=(n + r) ** -0.5, buckets=bs, cluster=cl,
-                                         append_eps=cfg.mla_lora_norm_eps, gate=True, out="bfloat16"),
-                             name=f"mla_append_attention_heads_h{h}_c{C}_cl{cl}"))
+                                         append_eps=cfg.mla_lora_norm_eps, gate=True, out="bfloat16",
+                                         **({"q_eps": cfg.mla_lora_norm_eps} if qb else {})),
+                             name=f"mla_{'qb_' if qb else ''}append_attention_heads_h{h}_c{C}_cl{cl}"))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp
     for b in buckets:
@@ -356,7 +361,8 @@ def build_job(job: dict, arch: str):
         if c.get("variant") == "heads":
             return mla_attention.build_heads(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
                                              append_eps=c["append_eps"], gate=c["gate"], out_dtype=c["out"],
-                                             cl=c["cluster"])
+                                             cl=c["cluster"],
+                                             qb=(s["q_lora"], c["q_eps"]) if "q_lora" in s else None)
         return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
                                    splits=c["splits"], append_eps=c.get("append_eps"), gate=c.get("gate", False),
                                    out_dtype=c.get("out", "float32"), pipe=c.get("pipe", False),

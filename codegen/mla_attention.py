@@ -43,6 +43,7 @@ FAMILY = "mla_attention"
 TEMPLATE = "mla_attention.py.jinja"
 OP = "k3fuse::mla_attention"
 OP_APPEND = "k3fuse::mla_append_attention_"   # + the cache append (qabsorb) and the output gate (combine)
+OP_QB = "k3fuse::mla_qb_append_attention_"     # + the query's projection (the per-head kernel with clusters only)
 THREADS = 256
 HG = 2                  # head groups of the PV step (THREADS / HG column groups)
 DEFAULT_TT = 32         # tokens per shared-memory tile
@@ -579,36 +580,60 @@ def heads_reason(M: int, h: int, n: int, v: int, r: int, C: int, sms: int) -> Op
     return None
 
 
+def qb_supports(n: int, v: int, r: int, C: int, ql: int, cl: int) -> Optional[str]:
+    """None if the per-head kernel with a cluster of cl can compute q itself (mla_qb_append_attention_), else why
+    not: each rank takes n / cl + r / cl rows of W_qb ([h * (n + r), ql]) into shared memory, one row per thread."""
+    if cl < 2:
+        return "the query's projection runs in the kernel only with clusters (the rows split over the ranks)"
+    if n % cl or r % cl:
+        return f"a cluster of {cl} does not split n = {n} / r = {r} rows of W_qb"
+    if ql % 256 or ql // 8 > THREADS:
+        return f"q_lora = {ql}: the kernel needs a multiple of 256, at most {8 * THREADS}"
+    rows = n // cl + r // cl
+    if n // cl + v // cl + rows > THREADS or rows * ql * 2 + (n // cl + v // cl) * C * 2 + 4 * (12 * C + ql) > \
+            200 * 1024:
+        return f"{rows} rows of W_qb ({ql} wide) per CTA do not fit its shared memory at a cluster of {cl}"
+    return None
+
+
 def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate=False, out_dtype="float32",
-                 cl: int = 1) -> dict:
+                 cl: int = 1, qb: Optional[tuple] = None) -> dict:
+    """qb: (q_lora, q_eps) for the variant that computes q itself (mla_qb_append_attention_)."""
     if n % cl or v % cl or (n // cl) % (THREADS // (C // 8)) or n // cl + v // cl > THREADS:
         raise ValueError(f"a cluster of {cl} does not split n = {n} / v = {v} rows")
+    if qb is not None:
+        why = qb_supports(n, v, r, C, int(qb[0]), cl)
+        if why:
+            raise ValueError(why)
     return dict(H=h, N=n, V=v, R=r, C=C, TT=HEADS_TT, THREADS=THREADS, MAX_NS=HEADS_MAX_NS, SCALE=repr(float(scale)),
-                CL=int(cl),
+                CL=int(cl), QB=qb is not None, QL=int(qb[0]) if qb else 0, QEPS=repr(float(qb[1])) if qb else None,
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
 
 def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
                 q_dtype="bfloat16", arch: Optional[str] = None, load: bool = True, append_eps: Optional[float] = None,
-                gate: bool = False, out_dtype="float32", cl: int = 1):
-    """Compile (through the disk cache) the per-head kernel (cl: CTAs per cluster); the rendered source bakes every
-    argument."""
+                gate: bool = False, out_dtype="float32", cl: int = 1, qb: Optional[tuple] = None):
+    """Compile (through the disk cache) the per-head kernel (cl: CTAs per cluster; qb: (q_lora, q_eps) where it
+    computes q itself); the rendered source bakes every argument."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     eps = float(append_eps) if append_eps is not None else None
+    qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl))
+            int(cl), qb)
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
     if why:
         raise ValueError(why)
-    src = render(HEADS_TEMPLATE, **heads_params(h, n, v, r, C, scale, q_dtype, eps, gate, out_dtype, cl))
-    meta = dict(family=FAMILY, op=OP_APPEND if eps is not None else OP, shape=dict(h=h, n=n, v=v, r=r, C=C),
+    src = render(HEADS_TEMPLATE, **heads_params(h, n, v, r, C, scale, q_dtype, eps, gate, out_dtype, cl, qb))
+    op = OP_QB if qb is not None else OP_APPEND if eps is not None else OP
+    meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C, **(dict(q_lora=qb[0]) if qb else {})),
                 template=HEADS_TEMPLATE, config=dict(variant="heads", tt=HEADS_TT, threads=THREADS,
                                                      q=_dtname(q_dtype), scale=float(scale), append_eps=eps,
-                                                     gate=bool(gate), out=_dtname(out_dtype), cluster=int(cl)))
+                                                     gate=bool(gate), out=_dtname(out_dtype), cluster=int(cl),
+                                                     **(dict(q_eps=qb[1]) if qb else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
@@ -636,7 +661,9 @@ def _append_gate_args(M, h, v, append, gate) -> list:
     return extra
 
 
-def _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, ns, append, gate, odt):
+def _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, ns, append, gate, odt, qb=None):
+    """qb: (cq, q_norm_w, q_eps, w_qb) for the variant that computes q itself; q_nope / q_pe are then only read for
+    their shapes (any tensors of those shapes and dtype)."""
     import torch
     M, h, n = q_nope.shape
     r = q_pe.shape[2]
@@ -647,15 +674,20 @@ def _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, ns, append, g
         raise ValueError(f"{ns} splits per (row, head) (the per-head kernel takes 1..{HEADS_MAX_NS})")
     kern = build_heads(h, n, v, r, C, float(scale), q_nope.dtype,
                        append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt,
-                       cl=heads_cluster(ns))
+                       cl=heads_cluster(ns), qb=(qb[0].shape[1], qb[2]) if qb is not None else None)
     f32 = torch.float32
     opart = torch.empty(M, ns, h, v, dtype=f32, device=dev)
     ml = torch.empty(M, ns, h, 2, dtype=f32, device=dev)
     if out is None:
         out = torch.empty(M, h, v, dtype=odt, device=dev)
     extra = _append_gate_args(M, h, v, append, gate)
-    kern(_prep_q(q_nope), _prep_q(q_pe), cache, _prep(kv_b).view(h, n + v, C), _prep(seq_lens, torch.int64), opart, ml,
-         out, heads_counters(dev), *extra)
+    if qb is not None:
+        cq, qw, _, w_qb = qb
+        q_args = (_prep(cq), _prep(qw), _prep(w_qb).view(h, n + r, cq.shape[1]))
+    else:
+        q_args = (_prep_q(q_nope), _prep_q(q_pe))
+    kern(*q_args, cache, _prep(kv_b).view(h, n + v, C), _prep(seq_lens, torch.int64), opart, ml, out,
+         heads_counters(dev), *extra)
     return out
 
 
@@ -730,4 +762,59 @@ def mla_append_attention_cuda(q_nope, q_pe, ckv, kv_norm_w, kv_eps, norm_dtype, 
                          gate=gate, out_dtype=out_dtype)
 
 
-IMPLS = {OP: mla_attention_cuda, OP_APPEND: mla_append_attention_cuda}
+def qb_reason(cq, q_norm_w, w_qb, heads, q_nope, q_pe, cache, kv_b, seq_lens, scale) -> Optional[str]:
+    """None if the per-head kernel computes q itself here: that kernel is chosen (heads_choice()) and applies, with
+    a cluster that splits W_qb's rows (qb_supports()), and K3FUSE_MLA_QB is not 0 (the A/B knob: 0 launches the q_b
+    GEMV apart); q_nope / q_pe: tensors of q's slices' shapes."""
+    import torch
+    M, h, n = q_nope.shape
+    r, C = q_pe.shape[2], kv_b.shape[1]
+    v = kv_b.shape[0] // h - n
+    if os.environ.get("K3FUSE_MLA_QB", "1") == "0":
+        return "K3FUSE_MLA_QB=0"
+    if not heads_choice(M, h):
+        return f"the per-head kernel is not chosen at M = {M}, {h} heads (K3FUSE_MLA_HEADS / HEADS_BY_HEADS)"
+    sms = _sm_count(cache.device.index if cache.device.index is not None else torch.cuda.current_device())
+    why = heads_reason(M, h, n, v, r, C, sms)
+    if why:
+        return why
+    if cq.dim() != 2 or cq.shape[0] != M or tuple(w_qb.shape) != (h * (n + r), cq.shape[1]) \
+            or tuple(q_norm_w.shape) != (cq.shape[1],):
+        return f"cq {tuple(cq.shape)} / w_qb {tuple(w_qb.shape)} / q_norm_w {tuple(q_norm_w.shape)} shapes"
+    if any(t.dtype != torch.bfloat16 for t in (cq, q_norm_w, w_qb)):
+        return "cq / q_norm_w / w_qb are not bf16"
+    if any(t.device != cache.device for t in (cq, q_norm_w, w_qb)):
+        return "inputs on different devices"
+    return qb_supports(n, v, r, C, cq.shape[1], heads_cluster(heads_splits(M, h, cache.shape[1], sms)))
+
+
+def mla_qb_append_attention_cuda(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b,
+                                 seq_lens, scale, gate, out_dtype):
+    """CUDA implementation of k3fuse::mla_qb_append_attention_: the per-head kernel computing q itself where
+    qb_reason() allows it (one launch for q_b + the attention); elsewhere the two ops it fuses through the
+    dispatcher (the q_b GEMV's kernel, then mla_append_attention_'s), logging why once."""
+    import torch
+    from .prefetch import join_pending
+    from .registry import _env_ok, log_fallback
+    M, h = cq.shape[0], int(heads)
+    r = cache.shape[-1] - kv_b.shape[1]
+    n = w_qb.shape[0] // h - r
+    q = torch.empty(M, h, n + r, dtype=w_qb.dtype, device=cache.device)     # its shapes, for the checks
+    qn, qp = q[..., :n], q[..., n:]
+    reason = launch_ok(qn, qp, cache, kv_b, seq_lens) or append_ok(qn, ckv, kv_norm_w, norm_dtype, cache, kv_b, gate,
+                                                                    out_dtype) \
+        or qb_reason(cq, q_norm_w, w_qb, h, qn, qp, cache, kv_b, seq_lens, scale)
+    if reason is None and _env_ok(OP_QB, cache.device):
+        join_pending()
+        sms = _sm_count(cache.device.index if cache.device.index is not None else torch.cuda.current_device())
+        return _launch_heads(qn, qp, cache, kv_b, seq_lens, scale, None, heads_splits(M, h, cache.shape[1], sms),
+                             (ckv, kv_norm_w, float(kv_eps)), gate, out_dtype or torch.float32,
+                             qb=(cq, q_norm_w, float(q_eps), w_qb))
+    if reason is not None:
+        log_fallback(OP_QB, reason + ": the q_b GEMV and the attention launch apart")
+    q = torch.ops.k3fuse.rms_norm_linear(cq, q_norm_w, q_eps, w_qb).view(M, h, n + r)
+    return torch.ops.k3fuse.mla_append_attention_(q[..., :n], q[..., n:], ckv, kv_norm_w, kv_eps, norm_dtype, cache,
+                                                  kv_b, seq_lens, scale, gate, out_dtype)
+
+
+IMPLS = {OP: mla_attention_cuda, OP_APPEND: mla_append_attention_cuda, OP_QB: mla_qb_append_attention_cuda}

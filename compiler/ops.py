@@ -380,6 +380,29 @@ def _(q_nope, q_pe, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b, seq_lens, s
     return q_nope.new_empty(M, h, kv_b.shape[0] // h - n, dtype=out_dtype or torch.float32)
 
 
+@torch.library.custom_op(f"{LIB}::mla_qb_append_attention_", mutates_args=("cache",))
+def mla_qb_append_attention_(cq: torch.Tensor, q_norm_w: torch.Tensor, q_eps: float, w_qb: torch.Tensor, heads: int,
+                             ckv: torch.Tensor, kv_norm_w: torch.Tensor, kv_eps: float, norm_dtype: torch.dtype,
+                             cache: torch.Tensor, kv_b: torch.Tensor, seq_lens: torch.Tensor, scale: float,
+                             gate: Optional[torch.Tensor], out_dtype: Optional[torch.dtype]) -> torch.Tensor:
+    """mla_append_attention_ with the query's projection in front (pass `fuse_q_b_into_mla_attention`, K3_MODEL.md
+    section 5 steps 1 and 3): q = rms_norm_linear(cq, q_norm_w, q_eps, w_qb) viewed [M, heads, n + r] (cq: q_a_proj's
+    output before q_a_layernorm; w_qb [heads * (n + r), q_lora]; r = cache's width - kv_lora), q_nope = q[..., :n],
+    q_pe = q[..., n:]. Written in the ops it replaces, so it is the unfused graph's math bit for bit."""
+    M = cq.shape[0]
+    q = torch.ops.k3fuse.rms_norm_linear(cq, q_norm_w, q_eps, w_qb).view(M, heads, -1)
+    n = q.shape[-1] - (cache.shape[-1] - kv_b.shape[1])
+    return torch.ops.k3fuse.mla_append_attention_(q[..., :n], q[..., n:], ckv, kv_norm_w, kv_eps, norm_dtype, cache,
+                                                  kv_b, seq_lens, scale, gate, out_dtype)
+
+
+@mla_qb_append_attention_.register_fake
+def _(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b, seq_lens, scale, gate,
+      out_dtype):
+    n = w_qb.shape[0] // heads - (cache.shape[-1] - kv_b.shape[1])
+    return cq.new_empty(cq.shape[0], heads, kv_b.shape[0] // heads - n, dtype=out_dtype or torch.float32)
+
+
 # ------------------------------------------------------------------------------------------------ fused ops
 @torch.library.custom_op(f"{LIB}::fused_residual_norm", mutates_args=())
 def fused_residual_norm(o: torch.Tensor, w_o: torch.Tensor, addend: Optional[torch.Tensor],

@@ -16,7 +16,9 @@
     9. insert_prefetch                       L2 prefetch of the next weights while a collective runs
    10. fuse_mla_append_and_gate              MLA: kv_a norm + cache append + output gate -> the in-place
                                              mla_append_attention_ (its copy back goes)
-   11. write_kda_state_in_place              kda_decode writes S and the conv state into the cache (its copies
+   11. fuse_q_b_into_mla_attention           MLA: q_a_layernorm + q_b_proj (rms_norm_linear) -> that op's query
+                                             (mla_qb_append_attention_)
+   12. write_kda_state_in_place              kda_decode writes S and the conv state into the cache (its copies
                                              back go); these two last: the graph is no longer functional after them
 
 Canonicalization always runs; `options["passes"]` selects among the others.
@@ -41,6 +43,7 @@ def pipeline_passes():
     from k3fuse.passes.fuse_attn_out_allreduce_attnres_norm import FuseAttnOutAllReduceAttnResNorm
     from k3fuse.passes.fuse_kda_conv_gated_norm import FuseKdaConvGatedNorm
     from k3fuse.passes.fuse_mla_append_and_gate import FuseMlaAppendAndGate
+    from k3fuse.passes.fuse_q_b_into_mla_attention import FuseQbIntoMlaAttention
     from k3fuse.passes.fuse_rms_norm_into_linear import FuseRmsNormIntoLinear
     from k3fuse.passes.fuse_shared_input_linears import FuseSharedInputLinears
     from k3fuse.passes.fuse_router_into_linear_group import FuseRouterIntoLinearGroup
@@ -51,13 +54,15 @@ def pipeline_passes():
     from k3fuse.passes.write_kda_state_in_place import WriteKdaStateInPlace
     return [Canonicalize, FuseKdaConvGatedNorm, FuseAttnOutAllReduceAttnResNorm, SplitMoEAcrossRanks,
             FuseSharedInputLinears, FuseSituGluIntoLinearGroup, FuseRouterIntoLinearGroup,
-            FuseTopkIntoLinearGroupRouter, FuseRmsNormIntoLinear, InsertPrefetch, FuseMlaAppendAndGate, WriteKdaStateInPlace]
+            FuseTopkIntoLinearGroupRouter, FuseRmsNormIntoLinear, InsertPrefetch, FuseMlaAppendAndGate, FuseQbIntoMlaAttention,
+            WriteKdaStateInPlace]
 
 
 PASS_NAMES = ("canonicalize", "fuse_kda_conv_gated_norm", "fuse_attn_out_allreduce_attnres_norm",
               "split_moe_across_ranks", "fuse_shared_input_linears", "fuse_situ_glu_into_linear_group",
               "fuse_router_into_linear_group", "fuse_topk_into_linear_group_router", "fuse_rms_norm_into_linear",
-              "insert_prefetch", "fuse_mla_append_and_gate", "write_kda_state_in_place")
+              "insert_prefetch", "fuse_mla_append_and_gate", "fuse_q_b_into_mla_attention",
+              "write_kda_state_in_place")
 
 
 def op_counts(graph: fx.Graph) -> dict[str, int]:

@@ -103,7 +103,8 @@ def test_debug_dir_env(tmp_path, monkeypatch):
                                                 "fuse_router_into_linear_group",
                                                 "fuse_topk_into_linear_group_router",
                                                 "fuse_rms_norm_into_linear", "insert_prefetch",
-                                                "fuse_mla_append_and_gate", "write_kda_state_in_place"]
+                                                "fuse_mla_append_and_gate", "fuse_q_b_into_mla_attention",
+                                                "write_kda_state_in_place"]
     assert s["ops"]["k3fuse.fused_residual_norm"] == 12
     assert (d / "02.fuse_attn_out_allreduce_attnres_norm.after.py").read_text().count(
         "torch.ops.k3fuse.fused_residual_norm.default(") == 12

@@ -552,11 +552,12 @@ def test_plan_follows_runtime_choices(monkeypatch):
     monkeypatch.delenv("K3FUSE_MLA_MMA")
     assert {j["config"]["pipe"]: j["config"]["buckets"] for j in jobs8c if j["family"] == "mla_attention"} == \
         {False: [1], True: [8]}
-    # the per-head kernel where mla_attention.HEADS_BY_HEADS makes it the default (TP16 M = 2: a cluster of 8 splits)
+    # the per-head kernel where mla_attention.HEADS_BY_HEADS makes it the default (TP16 M = 2: a cluster of 8 splits),
+    # computing q itself there (pass fuse_q_b_into_mla_attention's op: 8 ranks split W_qb's 192 rows per head)
     jobs2, _ = kernels_cli.plan("k3", 16, [1, 2], "sm_90a")
     heads = [j for j in jobs2 if j["config"].get("variant") == "heads"]
-    assert [(j["config"]["buckets"], j["config"]["cluster"], j["op"]) for j in heads] == \
-        [([2], 8, "k3fuse::mla_append_attention_")]
+    assert [(j["config"]["buckets"], j["config"]["cluster"], j["op"], j["shape"].get("q_lora")) for j in heads] == \
+        [([2], 8, "k3fuse::mla_qb_append_attention_", 1536)]
     assert [j["config"]["buckets"] for j in jobs2 if j["family"] == "mla_attention" and j not in heads] == [[1]]
     monkeypatch.setenv("K3FUSE_MLA_HEADS", "0")
     assert not [j for j in kernels_cli.plan("k3", 16, [2], "sm_90a")[0] if j["config"].get("variant") == "heads"]

@@ -27,7 +27,10 @@ def test_matches_unfused(dtype):
     b, sb = run(cfg, dtype, passes=[p for p in PASS_NAMES[1:] if p != "fuse_rms_norm_into_linear"])
     m = {p["name"]: p["matches"] for p in sa["passes"]}
     assert m["fuse_rms_norm_into_linear"] == n_moe + n_mla == 7
-    assert sa["ops"]["k3fuse.rms_norm_linear"] == 7 and "k3fuse.rms_norm_linear" not in sb["ops"]
+    # the MLA's then went into its attention op (fuse_q_b_into_mla_attention), which needs this pass's op
+    assert m["fuse_q_b_into_mla_attention"] == n_mla and "fuse_q_b_into_mla_attention" not in {
+        p["name"] for p in sb["passes"] if p["matches"]}
+    assert sa["ops"]["k3fuse.rms_norm_linear"] == n_moe and "k3fuse.rms_norm_linear" not in sb["ops"]
     assert sb["ops"]["k3fuse.rms_norm"] - sa["ops"]["k3fuse.rms_norm"] == 7
     assert sb["ops"]["k3fuse.linear"] - sa["ops"]["k3fuse.linear"] == 7
     assert torch.equal(a, b)

@@ -111,3 +111,98 @@ def test_heads_op_in_a_cuda_graph(cl, seed, monkeypatch):
             assert rel(out, ref) < 1e-2, step
             assert rel(cache[torch.arange(M), sl], ref_cache[torch.arange(M), sl]) < 1e-2
         assert int(ma.heads_counters(torch.device("cuda", torch.cuda.current_device())).abs().sum()) == 0
+
+
+QL = 1536       # K3's q_lora_rank
+
+
+def qb_inputs(M, h, T, seq_lens):
+    """cq (q_a_proj's output, before its norm), q_norm_w, w_qb [h * (n + r), QL] and the append / gate operands."""
+    bf = torch.bfloat16
+    _, _, cache, kv_b, sl = inputs(M, h, T, seq_lens)
+    cq = (torch.randn(M, QL, device="cuda") * 3).to(bf)
+    qw = (torch.rand(QL, device="cuda") + 0.5).to(bf)
+    w_qb = (torch.randn(h * (N + R), QL, device="cuda") * QL ** -0.5).to(bf)
+    ckv = (torch.randn(M, C + R, device="cuda") * 3).to(bf)
+    nw = (torch.rand(C, device="cuda") + 0.5).to(bf)
+    gate = torch.randn(M, h * V, device="cuda").to(bf)
+    return [cq, qw, w_qb, ckv, nw, cache, kv_b, sl, gate]
+
+
+def qb_reference(cq, qw, w_qb, ckv, nw, cache, kv_b, sl, gate, h):
+    """In torch, no k3fuse kernel: q = bf16(bf16(rms(cq)) * qw) @ w_qb^T rounded to bf16 (the q_b GEMV's output),
+    the new row appended to a copy of the cache (rows past seq_lens zeroed), ops.py's attention, the gate."""
+    from k3fuse import ops
+    bf = torch.bfloat16
+    M = cq.shape[0]
+    q = ((ops._rms(cq, 1e-6).to(bf) * qw).float() @ w_qb.float().T).to(bf).view(M, h, N + R)
+    clean = cache.clone()
+    rows = torch.arange(M, device="cuda")
+    clean[rows, sl] = torch.cat([ops._rms(ckv[:, :C], 1e-6).to(bf) * nw, ckv[:, C:]], -1)
+    for m in range(M):
+        clean[m, int(sl[m]) + 1:] = 0
+    o = ops.mla_attention._init_fn(q[..., :N], q[..., N:], clean, kv_b, sl, SCALE)
+    return o * torch.sigmoid(gate.float().view(o.shape))
+
+
+@pytest.mark.parametrize("cl", ["16", "8"])
+@pytest.mark.parametrize("M,T,seq_lens", [(1, 1024, [1023]), (1, 2000, [1234]), (2, 300, [299, 31])])
+def test_qb_op_matches_reference(cl, M, T, seq_lens, seed, monkeypatch):
+    """k3fuse::mla_qb_append_attention_ through the dispatcher with K3FUSE_MLA_HEADS=1 (pass
+    fuse_q_b_into_mla_attention's op): the per-head kernel computing q itself (the launcher got q_b's operands),
+    captured in a CUDA graph and replayed with new cq / ckv / seq_lens: every replay's o (NaN-poisoned before) within
+    1e-2 of the torch reference, the new rows written at seq_lens, every other row bitwise untouched."""
+    from k3fuse import ops
+    from k3fuse.codegen import mla_attention as ma
+    from k3fuse.codegen import registry
+    monkeypatch.setenv("K3FUSE_MLA_HEADS", "1")
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
+    registry.register()
+    launched = []
+    real = ma._launch_heads
+    monkeypatch.setattr(ma, "_launch_heads", lambda *a, **k: launched.append(k.get("qb") is not None) or real(*a, **k))
+    h, bf = 6, torch.bfloat16
+    cq, qw, w_qb, ckv, nw, cache, kv_b, sl, gate = args = qb_inputs(M, h, T, seq_lens)
+    call = lambda: torch.ops.k3fuse.mla_qb_append_attention_(cq, qw, 1e-6, w_qb, h, ckv, nw, 1e-6, bf, cache, kv_b,
+                                                             sl, SCALE, gate, bf)
+    sl.sub_(2)
+    call()                                                    # compile outside the capture
+    assert launched == [True]
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = call()
+    for step in range(2):
+        sl.add_(1)
+        cq.copy_((torch.randn_like(cq, dtype=torch.float32) * 3).to(bf))
+        ckv.copy_((torch.randn_like(ckv, dtype=torch.float32) * 3).to(bf))
+        cache0 = cache.clone()
+        ref = qb_reference(*args, h)
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel(out, ref) < 1e-2
+        rows = torch.arange(M, device="cuda")
+        untouched = torch.ones(M, T, dtype=torch.bool, device="cuda")
+        untouched[rows, sl] = False
+        assert torch.equal(cache[untouched].view(torch.int16), cache0[untouched].view(torch.int16))
+        assert rel(cache[rows, sl], torch.cat([ops._rms(ckv[:, :C], 1e-6).to(bf) * nw, ckv[:, C:]], -1)) < 1e-2
+
+
+def test_qb_op_falls_back_to_two_launches(seed, monkeypatch):
+    """Where the per-head kernel is not chosen (K3FUSE_MLA_HEADS=0) the op runs the q_b GEMV and the three-launch
+    attention through the dispatcher, and still matches the reference."""
+    from k3fuse.codegen import mla_attention as ma
+    from k3fuse.codegen import registry
+    monkeypatch.setenv("K3FUSE_MLA_HEADS", "0")
+    registry.register()
+    launched = []
+    monkeypatch.setattr(ma, "_launch_heads", lambda *a, **k: launched.append(1))
+    h, bf = 6, torch.bfloat16
+    cq, qw, w_qb, ckv, nw, cache, kv_b, sl, gate = args = qb_inputs(1, h, 1024, [700])
+    ref = qb_reference(*args, h)
+    assert ma.qb_reason(cq, qw, w_qb, h, *(torch.empty(1, h, N + R, device="cuda", dtype=bf).split([N, R], -1)),
+                        cache, kv_b, sl, SCALE) is not None
+    out = torch.ops.k3fuse.mla_qb_append_attention_(cq, qw, 1e-6, w_qb, h, ckv, nw, 1e-6, bf, cache, kv_b, sl, SCALE,
+                                                    gate, bf)
+    torch.cuda.synchronize()
+    assert not launched and rel(out, ref) < 1e-2

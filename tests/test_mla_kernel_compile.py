@@ -605,6 +605,36 @@ def test_mla_heads_kernel_compiles(arch, h, append, cl, isolated_kernel_cache):
         assert count(body, r"ld\.shared::cluster\.f32") == cl * (2 * (K3["C"] // ma.THREADS) + 2)
 
 
+@pytest.mark.parametrize("arch,cl", [("sm_90a", 8), ("sm_100a", 16)])
+def test_mla_heads_qb_kernel_compiles(arch, cl, isolated_kernel_cache):
+    """The variant computing q itself (mla_qb_append_attention_): a third mbarrier for this rank's W_qb rows, every
+    weight row's bulk copy (W_UK, W_UV, W_qb's q_nope and q_pe rows) before the chain's wait, no q_nope / q_pe loads
+    from global memory; one more distributed-shared-memory load per thread (q_pe from its owner); no local memory."""
+    pytest.importorskip("cutlass")
+    k = ma.build_heads(6, **K3, scale=SCALE, arch=arch, load=False, cl=cl, append_eps=1e-6, gate=True,
+                       out_dtype="bfloat16", qb=(1536, 1e-6))
+    assert "QL = 1536" in k.source and "mQn" not in k.source and "mQp" not in k.source
+    body = entries(open(k.files["kernel.ptx"]).read())["heads_kernel"]
+    assert "ld.local" not in body and "st.local" not in body
+    assert count(body, r"mbarrier\.init") == 3
+    bulk = [mm.start() for mm in re.finditer(r"cp\.async\.bulk\.shared::c[a-z]+\.global\.mbarrier::complete_tx::bytes ",
+                                             body)]
+    assert len(bulk) == 4 and all(b < body.find("griddepcontrol.wait") for b in bulk)
+    assert count(body, r"ld\.shared::cluster\.f32") == cl * (2 * (K3["C"] // ma.THREADS) + 2) + 1
+    assert count(body, r"barrier\.cluster\.arrive") == 3 and "atom.global" not in body
+
+
+def test_mla_heads_qb_supports():
+    """W_qb's rows split over the cluster: 16 + 8 rows of 1536 per CTA at 8, 8 + 4 at 16; not without a cluster,
+    and not at 4 or 2 (48 / 96 rows of 3 KB do not fit next to W_UK / W_UV's rows)."""
+    assert ma.qb_supports(128, 128, 64, 512, 1536, 8) is None and ma.qb_supports(128, 128, 64, 512, 1536, 16) is None
+    for cl in (1, 2, 4):
+        assert ma.qb_supports(128, 128, 64, 512, 1536, cl)
+    assert ma.qb_supports(128, 128, 64, 512, 1000, 8)              # q_lora not a multiple of 256
+    with pytest.raises(ValueError):
+        ma.heads_params(6, 128, 128, 64, 512, SCALE, cl=4, qb=(1536, 1e-6))
+
+
 def test_mla_heads_supports_and_splits():
     assert ma.heads_supports(6, **K3) is None and ma.heads_supports(12, **K3) is None
     assert ma.heads_supports(6, n=128, v=64, r=64, C=512)          # the merge maps V = 128 onto the lanes

@@ -73,22 +73,24 @@ def test_canonicalize_ops(tiny_tp1):
     # gate_up, TP = 1)
     n_kda = L - n_mla
     n_grouped = 6 * n_kda + 3 * n_mla + 2 * n_moe
-    #   then the routed_expert_norm (MoE) and q_a_layernorm (MLA) went into their GEMV (rms_norm_linear)
+    #   then the routed_expert_norm (MoE) and q_a_layernorm (MLA) went into their GEMV (rms_norm_linear), and the
+    #   MLA's (q_b) then into its attention op (mla_qb_append_attention_)
     n_nl = n_moe + n_mla
     #   and each MoE group took the shared expert's SiTU-GLU as its epilogue (linear_group_situ), then the router's
     #   logits as an fp32 member (linear_group_router), then the selection too (linear_group_router_topk)
     assert after == {"k3fuse.fused_residual_norm": 2 * L,
-                     "k3fuse.linear": n_linear - 2 * L - n_grouped - n_kda - n_nl, "k3fuse.rms_norm_linear": n_nl,
+                     "k3fuse.linear": n_linear - 2 * L - n_grouped - n_kda - n_nl, "k3fuse.rms_norm_linear": n_nl - n_mla,
                      "k3fuse.linear_group": n_kda + n_mla, "k3fuse.linear_group_router_topk": n_moe,
                      "k3fuse.rms_norm": n_norm - 2 * L - n_kda - n_nl - n_mla,
                      "k3fuse.situ_glu": 1, "k3fuse.kda_decode_": n_kda,
-                     "k3fuse.mla_append_attention_": n_mla, "k3fuse.moe_experts": n_moe}
+                     "k3fuse.mla_qb_append_attention_": n_mla, "k3fuse.moe_experts": n_moe}
     assert matches(s)["fuse_kda_conv_gated_norm"] == n_kda
     assert matches(s)["fuse_situ_glu_into_linear_group"] == n_moe
     assert matches(s)["fuse_router_into_linear_group"] == n_moe
     assert matches(s)["fuse_topk_into_linear_group_router"] == n_moe
     assert matches(s)["write_kda_state_in_place"] == n_kda          # then writes its states in place
     assert matches(s)["fuse_mla_append_and_gate"] == n_mla          # each MLA attention took its kv_a norm (above)
+    assert matches(s)["fuse_q_b_into_mla_attention"] == n_mla      # and its query's projection
     assert err < 1e-4
 
 
@@ -178,7 +180,7 @@ def test_determinism_and_uuid(tmp_path):
     assert [p["uuid"] for p in s1["passes"]] == [p["uuid"] for p in s2["passes"]]
     da, db = sorted((tmp_path / "a").glob("graph_*"))[-1], sorted((tmp_path / "b").glob("graph_*"))[-1]
     fa = sorted(p.name for p in da.glob("*.py"))
-    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 24     # 12 passes x before / after
+    assert fa == sorted(p.name for p in db.glob("*.py")) and len(fa) == 26     # 13 passes x before / after
     assert (da / fa[-1]).read_text() == (db / fa[-1]).read_text()
 
 
@@ -230,7 +232,8 @@ def test_passes_tp_numerics_and_matches(tp_compiled, tp):
         assert ops["k3fuse.side_linear_situ"] == 5 and ops["k3fuse.stream_join"] == 5
         assert ops["k3fuse.situ_glu"] == 1                                   # the dense layer 0 MLP
         # each rank's MLA heads append to its own cache copy: the append + gate fusion fires per MLA layer
-        assert m["fuse_mla_append_and_gate"] == 2 and ops["k3fuse.mla_append_attention_"] == 2
+        assert m["fuse_mla_append_and_gate"] == 2 and m["fuse_q_b_into_mla_attention"] == 2
+        assert ops["k3fuse.mla_qb_append_attention_"] == 2 and "k3fuse.mla_append_attention_" not in ops
         assert "k3fuse.mla_attention" not in ops
         assert s["ops_before"]["_c10d_functional.all_reduce"] == 1 + 6 + 1 + 5 * 2
         # nodes the passes created carry fake values (the Inductor lowering traces from them)
@@ -310,10 +313,11 @@ def test_k3_layout_match_counts():
     assert err < 1e-4
     assert matches(s)["fuse_attn_out_allreduce_attnres_norm"] == 186
     ops = s["ops"]
-    assert (ops["k3fuse.kda_decode_"], ops["k3fuse.mla_append_attention_"], ops["k3fuse.moe_experts"]) == (69, 24, 92)
+    assert (ops["k3fuse.kda_decode_"], ops["k3fuse.mla_qb_append_attention_"], ops["k3fuse.moe_experts"]) == (69, 24, 92)
     assert matches(s)["fuse_kda_conv_gated_norm"] == 69 and "k3fuse.kda_recurrent" not in ops
     assert matches(s)["write_kda_state_in_place"] == 69 and "k3fuse.kda_decode" not in ops
     assert matches(s)["fuse_mla_append_and_gate"] == 24 and "k3fuse.mla_attention" not in ops
+    assert matches(s)["fuse_q_b_into_mla_attention"] == 24 and "k3fuse.mla_append_attention_" not in ops
     assert ops["k3fuse.linear_group_router_topk"] == 92 and ops["k3fuse.fused_residual_norm"] == 186
     assert "k3fuse.router_topk" not in ops and "k3fuse.topk_from_logits" not in ops
     # one group of the normed input's linears per layer except the dense layer 0 (69 KDA of 6, 24 MLA of 3,
@@ -325,8 +329,9 @@ def test_k3_layout_match_counts():
     assert matches(s)["fuse_topk_into_linear_group_router"] == 92
     assert ops["k3fuse.linear_group"] == 93 and ops["k3fuse.linear_group_router_topk"] == 92
     assert ops["k3fuse.situ_glu"] == 1 and "k3fuse.linear_group_situ" not in ops
-    # KDA f_b: inside kda_decode; MLA q_b and MoE routed up: with their norm (rms_norm_linear)
-    assert ops["k3fuse.linear"] == 1 + 1 and ops["k3fuse.rms_norm_linear"] == 24 + 92
+    # KDA f_b: inside kda_decode; MLA q_b and MoE routed up: with their norm (rms_norm_linear); MLA's then inside
+    # its attention op
+    assert ops["k3fuse.linear"] == 1 + 1 and ops["k3fuse.rms_norm_linear"] == 92
     assert matches(s)["fuse_rms_norm_into_linear"] == 116
 
 
