@@ -26,11 +26,12 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
                                after the logits: the fp32-output simt GEMV at M <= 4 (K3FUSE_ROUTER_GEMV=0: cuBLAS),
                                else a bf16 -> fp32 cuBLAS GEMM (router_topk.py)
   k3fuse::prefetch_l2          bulk L2 prefetch on a side stream
-  k3fuse::kda_recurrent, kda_decode, kda_decode_, mla_attention, mla_append_attention_, moe_experts
-                               (kda_recurrent.py, mla_attention.py, moe_experts.py; kda_decode = the recurrence kernel
+  k3fuse::kda_recurrent, kda_decode, kda_decode_, mla_attention, mla_append_attention_, mla_qb_append_attention_,
+  moe_experts                  (kda_recurrent.py, mla_attention.py, moe_experts.py; kda_decode = the recurrence kernel
                                with conv, f_b and gated norm inside, kda_decode_ = the same writing the states in
                                place; mla_append_attention_ = the MLA kernel writing the new cache row first and
-                               applying the output gate last)
+                               applying the output gate last; mla_qb_append_attention_ = the per-head one computing q
+                               too, else the q_b GEMV and mla_append_attention_'s kernels)
 and, where compiler/ops.py defines them, the fused GEMVs k3fuse::rms_norm_linear (pass fuse_rms_norm_into_linear),
 k3fuse::linear_situ_glu and k3fuse::rms_norm_linear_situ_glu (RMSNorm prologue / SiTU-GLU epilogue; see
 OPTIONAL_IMPLS); KERNEL_APPLIES tells the lowering where their kernels exist (M <= 4).
