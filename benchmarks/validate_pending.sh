@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s63            # MLA cast in the op: tests, the MLA rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s62            # q_b inside the per-head kernel: tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s61            # clusters of 16: tests (and s24's review), alone, the A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s60            # its memcheck, the MLA layer A/B at TP16 / TP8, M = 1, 2
@@ -638,6 +639,17 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s63 ]; then      # session 25: the MLA output's cast into the attention op (its contiguous clone no longer
+    # blocks it: one Inductor kernel fewer per MLA layer) and q_b inside the per-head kernel at TP16 M = 2: the
+    # append / gate / qb GPU tests, then the MLA rows (k3fuse only) at TP16 M = 1, 2 and TP8 M = 1
+    pytests s63 200 tests/test_mla_kernel_gpu.py tests/test_mla_heads_gpu.py -k "append or qb or graph"
+    for tp in 16 8; do
+        ms=1; [ $tp = 16 ] && ms=1,2
+        timeout 150 python3 benchmarks/layer_bench.py --kinds mla --tp $tp --ms $ms --top 12 --skip eager,inductor \
+            --tag _s25_mla_tp$tp --out "$OUT" > "$L/lb_tp$tp.txt" 2>&1
+        echo "layer_bench mla tp$tp rc=$?" | tee -a "$S"; grep -E "^mla " "$L/lb_tp$tp.txt" | tee -a "$S"
+    done
+    tar czf "$OUT/logs_s63.tgz" -C "$L" .
 elif [ "$part" = s62 ]; then      # session 25: the per-head kernel computing q itself (pass fuse_q_b_into_mla_attention):
     # GPU tests (all per-head ones: the template changed), memcheck, the MLA layer A/Bs: at TP16 M = 2 (per head by
     # default) the q_b GEMV apart or inside (K3FUSE_MLA_QB=0,1); at M = 1 the three launches + q_b GEMV against per

@@ -76,9 +76,10 @@ def test_op_reference_is_the_unfused_math(dtype, gate):
     assert changed.sum() == M and all(changed[m, a["seq_lens"][m]] for m in range(M))
 
 
-def _graph(read_old_cache: bool, gate: bool = True, M=2):
+def _graph(read_old_cache: bool, gate: bool = True, M=2, clone_cast=False):
     """make_fx of the model's MLA step as the captured graph has it (functional append + copy back), optionally
-    reading the old cache again afterwards."""
+    reading the old cache again afterwards; clone_cast: the gated output cloned contiguous, viewed and cast to bf16
+    (what o.reshape(M, h * v).to(x.dtype) traces as on CUDA, where the einsum's output is not contiguous)."""
     a = _args(M=M, gate=gate)
     C = a["kv_b"].shape[1]
 
@@ -90,6 +91,9 @@ def _graph(read_old_cache: bool, gate: bool = True, M=2):
             o = o * torch.sigmoid(g[0].float().view(o.shape))
         extra = (cache.sum(),) if read_old_cache else ()
         cache.copy_(new)
+        if clone_cast:
+            o = o.clone(memory_format=torch.contiguous_format).view(M, -1)
+            return (torch.ops.prims.convert_element_type(o, torch.bfloat16),) + extra     # .to() as decomposed
         return (o.reshape(M, -1),) + extra
     ins = [a[k] for k in ("q_nope", "q_pe", "ckv", "kv_norm_w", "cache", "kv_b", "seq_lens")] + (
         [a["gate"]] if gate else [])
@@ -110,6 +114,23 @@ def test_graph_match_and_result(gate):
                 aten.sigmoid.default} & set(targets)
     out = gm(*ins_b)[0]
     assert torch.equal(out, ref) and torch.equal(ins_b[4], ins_a[4]) and not torch.equal(ins_b[4], ins[4])
+
+
+def test_the_cast_after_a_contiguous_clone_goes_in():
+    """gate -> clone -> view -> bf16 cast: the op takes the gate and the cast (out_dtype bf16), the clone goes; the
+    same o and cache as the original graph."""
+    gm, ins = _graph(False, True, clone_cast=True)
+    ins_a, ins_b = [t.clone() for t in ins], [t.clone() for t in ins]
+    ref = gm(*ins_a)[0]
+    assert any(n.target is aten.clone.default for n in gm.graph.nodes)
+    assert FuseMlaAppendAndGate()(gm.graph) == 1
+    gm.recompile()
+    op = next(n for n in gm.graph.nodes if n.target is k3.mla_append_attention_.default)
+    assert op.args[-1] == torch.bfloat16 and op.args[-2] is not None
+    assert not {aten.clone.default, aten.sigmoid.default, torch.ops.prims.convert_element_type.default} & {
+        n.target for n in gm.graph.nodes}
+    out = gm(*ins_b)[0]
+    assert out.dtype == torch.bfloat16 and torch.equal(out, ref) and torch.equal(ins_b[4], ins_a[4])
 
 
 def test_no_match_when_the_old_cache_is_read():
