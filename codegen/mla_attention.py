@@ -802,9 +802,11 @@ def mla_qb_append_attention_cuda(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_
     q = torch.empty(M, h, n + r, dtype=w_qb.dtype, device=cache.device)     # its shapes, for the checks
     qn, qp = q[..., :n], q[..., n:]
     reason = launch_ok(qn, qp, cache, kv_b, seq_lens) or append_ok(qn, ckv, kv_norm_w, norm_dtype, cache, kv_b, gate,
-                                                                    out_dtype) \
-        or qb_reason(cq, q_norm_w, w_qb, h, qn, qp, cache, kv_b, seq_lens, scale)
-    if reason is None and _env_ok(OP_QB, cache.device):
+                                                                    out_dtype)
+    ok = reason is None and _env_ok(OP_QB, cache.device)          # _env_ok logs its own reason (CPU, no DSL, arch)
+    if ok:
+        reason = qb_reason(cq, q_norm_w, w_qb, h, qn, qp, cache, kv_b, seq_lens, scale)
+    if ok and reason is None:
         join_pending()
         sms = _sm_count(cache.device.index if cache.device.index is not None else torch.cuda.current_device())
         return _launch_heads(qn, qp, cache, kv_b, seq_lens, scale, None, heads_splits(M, h, cache.shape[1], sms),

@@ -298,8 +298,30 @@ def test_mla_fallback_on_cpu():
     args = _inputs(2, 6, 9, n=128, v=128, r=64, C=512, gen=g)
     assert ma.launch_ok(*args) is None                              # the kernel's shape, on CPU: still the reference
     assert torch.equal(ma.mla_attention_cuda(*args, SCALE), ops.mla_attention._init_fn(*args, SCALE))
-    assert set(ma.IMPLS) == {"k3fuse::mla_attention", "k3fuse::mla_append_attention_"}
+    assert set(ma.IMPLS) == {"k3fuse::mla_attention", "k3fuse::mla_append_attention_",
+                             "k3fuse::mla_qb_append_attention_"}
     assert math.isclose(float(SCALE), 192 ** -0.5)
+
+
+def test_mla_qb_fallback_on_cpu(monkeypatch):
+    """mla_qb_append_attention_cuda on CPU tensors at K3's TP16 M = 2 shapes (where the per-head kernel would compute
+    q on a GPU): the op's reference, the cache written the same way."""
+    from k3fuse import ops
+    g = torch.Generator().manual_seed(2)
+    bf = torch.bfloat16
+    _, _, cache, kv_b, sl = _inputs(2, 6, 9, n=128, v=128, r=64, C=512, gen=g)
+    cq = torch.randn(2, 1536, generator=g).to(bf)
+    qw = (torch.rand(1536, generator=g) + 0.5).to(bf)
+    w_qb = (torch.randn(6 * 192, 1536, generator=g) * 0.03).to(bf)
+    ckv = torch.randn(2, 576, generator=g).to(bf)
+    nw = (torch.rand(512, generator=g) + 0.5).to(bf)
+    gate = torch.randn(2, 6 * 128, generator=g).to(bf)
+    c1, c2 = cache.clone(), cache.clone()
+    assert ma.heads_choice(2, 6)
+    a = ma.mla_qb_append_attention_cuda(cq, qw, 1e-6, w_qb, 6, ckv, nw, 1e-6, bf, c1, kv_b, sl, SCALE, gate, bf)
+    b = ops.mla_qb_append_attention_._init_fn(cq, qw, 1e-6, w_qb, 6, ckv, nw, 1e-6, bf, c2, kv_b, sl, SCALE, gate, bf)
+    assert torch.equal(a, b) and a.dtype == bf and a.shape == (2, 6, 128) and torch.equal(c1, c2)
+    assert not torch.equal(c1, cache)
 
 
 def test_mla_append_fallback_on_cpu():
