@@ -788,6 +788,29 @@ def qb_reason(cq, q_norm_w, w_qb, heads, q_nope, q_pe, cache, kv_b, seq_lens, sc
     return qb_supports(n, v, r, C, cq.shape[1], heads_cluster(heads_splits(M, h, cache.shape[1], sms)))
 
 
+def qb_applies(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b, seq_lens, scale,
+               gate, out_dtype) -> bool:
+    """The lowering's predicate (registry.KERNEL_APPLIES, on the graph's fake values): does the per-head kernel compute
+    q at this graph's shapes? Where not, the lowering inlines the op's reference (compiler/lowering.py
+    INLINE_MUTABLE): the q_b rms_norm_linear then lowers like any other (its GEMV at M <= 4, else norm + GEMV) and
+    mla_append_attention_ keeps its kernels, instead of the fallback in mla_qb_append_attention_cuda running the
+    norm's ATen reference eagerly (6 extra kernels, +30 us at TP16 M = 8, session 25). Off CUDA: kept (its reference
+    is that math)."""
+    import torch
+    if getattr(cache.device, "type", "cpu") != "cuda":
+        return True
+    M, h = cq.shape[0], int(heads)
+    r, C = cache.shape[-1] - kv_b.shape[1], kv_b.shape[1]
+    if not isinstance(M, int) or w_qb.shape[0] % h or kv_b.shape[0] % h:
+        return False
+    n = w_qb.shape[0] // h - r
+    q = torch.empty(M, h, n + r, dtype=w_qb.dtype, device="meta")
+    return n > 0 and qb_reason(cq, q_norm_w, w_qb, h, q[..., :n], q[..., n:], cache, kv_b, seq_lens, scale) is None
+
+
+APPLIES = {"mla_qb_append_attention_": qb_applies}
+
+
 def mla_qb_append_attention_cuda(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b,
                                  seq_lens, scale, gate, out_dtype):
     """CUDA implementation of k3fuse::mla_qb_append_attention_: the per-head kernel computing q itself where

@@ -561,6 +561,7 @@ def register() -> bool:
     import torch
     import k3fuse.ops  # noqa: F401  (defines the ops)
     from .kda_recurrent import IMPLS as kda
+    from .mla_attention import APPLIES as mla_applies
     from .mla_attention import IMPLS as mla
     from .moe_experts import IMPLS as moe
     impls = {**IMPLS, **kda, **mla, **moe}
@@ -572,6 +573,7 @@ def register() -> bool:
     # where a fused op's kernel does not cover a graph's shapes, the lowering splits it back before Inductor
     from k3fuse import lowering
     lowering.KERNEL_APPLIES.update(KERNEL_APPLIES)
+    lowering.KERNEL_APPLIES.update(mla_applies)
     # K3FUSE_DISABLE_KERNELS=kda_recurrent,moe_experts keeps those ops on the unfused path (to bisect a layer)
     off = {s.strip() for s in os.environ.get("K3FUSE_DISABLE_KERNELS", "").split(",") if s.strip()}
     for name, fn in impls.items():

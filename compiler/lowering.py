@@ -38,6 +38,10 @@ def _has_kernel(op: torch._ops.OpOverload, device: torch.device) -> bool:
 # where the group's config has 256 threads). Where it says no, the op is inlined like one
 # without a kernel; its reference is written in the k3fuse ops it fuses, and those are lowered in turn.
 KERNEL_APPLIES: dict = {}
+# mutating ops whose reference is k3fuse ops only (the mutation inside one of them): where KERNEL_APPLIES says no, the
+# lowering inlines the reference like a functional op's, so its parts lower on their own (mla_qb_append_attention_
+# -> rms_norm_linear + mla_append_attention_, which stays one call)
+INLINE_MUTABLE = {"mla_qb_append_attention_"}
 
 
 def _applies(n: fx.Node, name: str) -> bool:
@@ -106,7 +110,7 @@ def lower_unkerneled_ops(gm: fx.GraphModule, decomps) -> list[str]:
                 continue
             if name == "prefetch_l2":               # a pure hint (it "mutates" only its ordering token)
                 gm.graph.erase_node(n)
-            elif n.target._schema.is_mutable:
+            elif n.target._schema.is_mutable and name not in INLINE_MUTABLE:
                 continue    # a mutating op (an in-place state write) stays one call: its reference writes the state
             else:
                 new_nodes += _inline(gm.graph, n, decomps)

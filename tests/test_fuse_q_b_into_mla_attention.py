@@ -99,3 +99,45 @@ def test_skips_a_graph_without_mla():
     gm = make_fx(lambda x: (x * 2,))(torch.randn(3))
     p = FuseQbIntoMlaAttention()
     assert p(gm.graph) == 0 and "mla_append_attention_" in p.skip_reason
+
+
+@pytest.mark.parametrize("applies", [True, False])
+def test_lowering_splits_it_back_where_the_kernel_does_not_compute_q(applies, monkeypatch):
+    """Where KERNEL_APPLIES (codegen/mla_attention.qb_applies: the per-head kernel with a cluster at this M) says no,
+    the lowering inlines the op's reference although the op mutates the cache (lowering.INLINE_MUTABLE):
+    rms_norm_linear (then lowered on its own) + mla_append_attention_; the same o and cache either way."""
+    from _check import lower_with_kernels
+    gm, ins = _graph()
+    ins_a, ins_b = [t.clone() for t in ins], [t.clone() for t in ins]
+    ref = gm(*ins_a)[0]
+    assert FuseQbIntoMlaAttention()(gm.graph) == 1
+    gm.recompile()
+    kernels = {"k3fuse::mla_qb_append_attention_", "k3fuse::mla_append_attention_", "k3fuse::rms_norm_linear"}
+    lowered, ops = lower_with_kernels(gm, monkeypatch, kernels, "mla_qb_append_attention_", lambda *a: applies)
+    if applies:
+        assert lowered == [] and ops["k3fuse.mla_qb_append_attention_"] == 1
+    else:
+        assert lowered == ["mla_qb_append_attention_"] and "k3fuse.mla_qb_append_attention_" not in ops
+        assert ops["k3fuse.rms_norm_linear"] == 1 and ops["k3fuse.mla_append_attention_"] == 1
+    out = gm(*ins_b)[0]
+    assert torch.equal(out, ref) and torch.equal(ins_b[5], ins_a[5]) and not torch.equal(ins_b[5], ins[5])
+
+
+def test_qb_applies_off_cuda_and_by_shape(monkeypatch):
+    """The predicate: kept off CUDA (its reference is the unfused math); on CUDA fake values, only where the per-head
+    kernel runs with a cluster that splits W_qb (TP16: bucket 2 by default; K3FUSE_MLA_QB=0 never)."""
+    from k3fuse.codegen import mla_attention as ma
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    monkeypatch.setattr(ma, "_sm_count", lambda i: 132)
+    bf = torch.bfloat16
+
+    def args(M, device):
+        e = lambda *s, dtype=bf: torch.empty(*s, dtype=dtype, device=device)
+        return (e(M, 1536), e(1536), 1e-6, e(6 * 192, 1536), 6, e(M, 576), e(512), 1e-6, bf, e(M, 1024, 576),
+                e(6 * 256, 512), e(M, dtype=torch.int64), 0.07, e(M, 768), bf)
+    assert ma.qb_applies(*args(8, "cpu"))
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        assert ma.qb_applies(*args(2, "cuda")) and not ma.qb_applies(*args(1, "cuda"))
+        assert not ma.qb_applies(*args(8, "cuda"))
+        monkeypatch.setenv("K3FUSE_MLA_QB", "0")
+        assert not ma.qb_applies(*args(2, "cuda"))
