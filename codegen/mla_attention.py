@@ -800,7 +800,7 @@ def qb_applies(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_w, kv_eps, norm_dt
     if getattr(cache.device, "type", "cpu") != "cuda":
         return True
     M, h = cq.shape[0], int(heads)
-    r, C = cache.shape[-1] - kv_b.shape[1], kv_b.shape[1]
+    r = cache.shape[-1] - kv_b.shape[1]
     if not isinstance(M, int) or w_qb.shape[0] % h or kv_b.shape[0] % h:
         return False
     n = w_qb.shape[0] // h - r
