@@ -66,6 +66,19 @@ def group_shapes(cfg, tp: int) -> dict[str, tuple[list[int], int]]:
     return out
 
 
+def _qb_cluster(cfg, tp: int, b: int) -> Optional[int]:
+    """The cluster size of the per-head MLA kernel where it computes q itself at bucket b (pass
+    fuse_q_b_into_mla_attention's op, as mla_attention.qb_applies decides at run time), else None."""
+    from . import mla_attention as ma
+    h, n, v, r, C = (cfg.num_attention_heads // tp, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_rope_head_dim,
+                     cfg.kv_lora_rank)
+    if os.environ.get("K3FUSE_MLA_QB", "1") == "0" or ma.head_groups(h) != 1 or not ma.heads_choice(b, h) \
+            or ma.heads_reason(b, h, n, v, r, C, PLAN_SMS) is not None:
+        return None
+    cl = ma.heads_cluster(ma.heads_splits(b, h, PLAN_CONTEXT, PLAN_SMS))
+    return cl if ma.qb_supports(n, v, r, C, cfg.q_lora_rank, cl) is None else None
+
+
 def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict], list[dict]]:
     """Kernel jobs for a config: (jobs, skipped)."""
     from k3fuse.models.config import KimiK3Config
@@ -165,6 +178,8 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         N, K = shapes[name]
         for b in buckets:
             why = registry.rms_norm_linear_split_reason(b, N * K * 2, (N, K), gpu=_gpu_for(arch))
+            if name == "mla.q_b" and _qb_cluster(cfg, tp, b):
+                why = "computed inside the per-head MLA attention (k3fuse::mla_qb_append_attention_)"
             if why:
                 skipped.append(dict(op="k3fuse::rms_norm_linear", name=name, shape=dict(N=N, K=K), bucket=b,
                                     reason=why))
@@ -296,7 +311,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         for cl, bs in by_cl.items():
             # pass fuse_q_b_into_mla_attention's op: the kernel computes q itself where its cluster splits W_qb
             ql = cfg.q_lora_rank
-            qb = mla_attention.qb_supports(n, v, r, C, ql, cl) is None
+            qb = all(_qb_cluster(cfg, tp, b) == cl for b in bs)
             jobs.append(dict(family="mla_attention",
                              op="k3fuse::mla_qb_append_attention_" if qb else "k3fuse::mla_append_attention_",
                              shape=dict(h=h, n=n, v=v, r=r, C=C, **({"q_lora": ql} if qb else {})), bucket=bs[0],

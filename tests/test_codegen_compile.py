@@ -558,6 +558,11 @@ def test_plan_follows_runtime_choices(monkeypatch):
     heads = [j for j in jobs2 if j["config"].get("variant") == "heads"]
     assert [(j["config"]["buckets"], j["config"]["cluster"], j["op"], j["shape"].get("q_lora")) for j in heads] == \
         [([2], 8, "k3fuse::mla_qb_append_attention_", 1536)]
+    # ... so the q_b GEMV with its norm is planned at bucket 1 only (skipped at 2, with the reason)
+    qb_n = 6 * 192
+    assert [j["bucket"] for j in jobs2 if j["op"] == "k3fuse::rms_norm_linear" and j["shape"]["N"] == qb_n] == [1]
+    assert any(s["bucket"] == 2 and "inside the per-head" in s["reason"] for s in kernels_cli.plan("k3", 16, [1, 2],
+               "sm_90a")[1] if s["op"] == "k3fuse::rms_norm_linear")
     assert [j["config"]["buckets"] for j in jobs2 if j["family"] == "mla_attention" and j not in heads] == [[1]]
     monkeypatch.setenv("K3FUSE_MLA_HEADS", "0")
     assert not [j for j in kernels_cli.plan("k3", 16, [2], "sm_90a")[0] if j["config"].get("variant") == "heads"]
