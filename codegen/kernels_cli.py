@@ -68,15 +68,13 @@ def group_shapes(cfg, tp: int) -> dict[str, tuple[list[int], int]]:
 
 def _qb_cluster(cfg, tp: int, b: int) -> Optional[int]:
     """The cluster size of the per-head MLA kernel where it computes q itself at bucket b (pass
-    fuse_q_b_into_mla_attention's op, as mla_attention.qb_applies decides at run time), else None."""
+    fuse_q_b_into_mla_attention's op; mla_attention.qb_plan_reason, the launcher's rule), else None."""
     from . import mla_attention as ma
     h, n, v, r, C = (cfg.num_attention_heads // tp, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_rope_head_dim,
                      cfg.kv_lora_rank)
-    if os.environ.get("K3FUSE_MLA_QB", "1") == "0" or ma.head_groups(h) != 1 or not ma.heads_choice(b, h) \
-            or ma.heads_reason(b, h, n, v, r, C, PLAN_SMS) is not None:
+    if ma.head_groups(h) != 1 or ma.qb_plan_reason(b, h, n, v, r, C, cfg.q_lora_rank, PLAN_CONTEXT, PLAN_SMS):
         return None
-    cl = ma.heads_cluster(ma.heads_splits(b, h, PLAN_CONTEXT, PLAN_SMS))
-    return cl if ma.qb_supports(n, v, r, C, cfg.q_lora_rank, cl) is None else None
+    return ma.heads_cluster(ma.heads_splits(b, h, PLAN_CONTEXT, PLAN_SMS))
 
 
 def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict], list[dict]]:

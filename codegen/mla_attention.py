@@ -762,22 +762,23 @@ def mla_append_attention_cuda(q_nope, q_pe, ckv, kv_norm_w, kv_eps, norm_dtype, 
                          gate=gate, out_dtype=out_dtype)
 
 
-def qb_reason(cq, q_norm_w, w_qb, heads, q_nope, q_pe, cache, kv_b, seq_lens, scale) -> Optional[str]:
-    """None if the per-head kernel computes q itself here: that kernel is chosen (heads_choice()) and applies, with
-    a cluster that splits W_qb's rows (qb_supports()), and K3FUSE_MLA_QB is not 0 (the A/B knob: 0 launches the q_b
-    GEMV apart); q_nope / q_pe: tensors of q's slices' shapes."""
-    import torch
-    M, h, n = q_nope.shape
-    r, C = q_pe.shape[2], kv_b.shape[1]
-    v = kv_b.shape[0] // h - n
+def qb_plan_reason(M: int, h: int, n: int, v: int, r: int, C: int, ql: int, T: int, sms: int) -> Optional[str]:
+    """None if the per-head kernel computes q itself at these shapes (the one rule for the launcher, the lowering's
+    predicate and `k3fuse kernels`): that kernel is chosen (heads_choice()) and applies, with a cluster that splits
+    W_qb's rows (qb_supports()), and K3FUSE_MLA_QB is not 0 (the A/B knob: 0 launches the q_b GEMV apart)."""
     if os.environ.get("K3FUSE_MLA_QB", "1") == "0":
         return "K3FUSE_MLA_QB=0"
     if not heads_choice(M, h):
         return f"the per-head kernel is not chosen at M = {M}, {h} heads (K3FUSE_MLA_HEADS / HEADS_BY_HEADS)"
-    sms = _sm_count(cache.device.index if cache.device.index is not None else torch.cuda.current_device())
-    why = heads_reason(M, h, n, v, r, C, sms)
-    if why:
-        return why
+    return heads_reason(M, h, n, v, r, C, sms) or qb_supports(n, v, r, C, ql, heads_cluster(heads_splits(M, h, T, sms)))
+
+
+def qb_reason(cq, q_norm_w, w_qb, q_nope, q_pe, cache, kv_b) -> Optional[str]:
+    """qb_plan_reason() for these tensors, after their shape / dtype / device checks; q_nope / q_pe: tensors of q's
+    slices' shapes."""
+    import torch
+    M, h, n = q_nope.shape
+    r, C = q_pe.shape[2], kv_b.shape[1]
     if cq.dim() != 2 or cq.shape[0] != M or tuple(w_qb.shape) != (h * (n + r), cq.shape[1]) \
             or tuple(q_norm_w.shape) != (cq.shape[1],):
         return f"cq {tuple(cq.shape)} / w_qb {tuple(w_qb.shape)} / q_norm_w {tuple(q_norm_w.shape)} shapes"
@@ -785,7 +786,8 @@ def qb_reason(cq, q_norm_w, w_qb, heads, q_nope, q_pe, cache, kv_b, seq_lens, sc
         return "cq / q_norm_w / w_qb are not bf16"
     if any(t.device != cache.device for t in (cq, q_norm_w, w_qb)):
         return "inputs on different devices"
-    return qb_supports(n, v, r, C, cq.shape[1], heads_cluster(heads_splits(M, h, cache.shape[1], sms)))
+    sms = _sm_count(cache.device.index if cache.device.index is not None else torch.cuda.current_device())
+    return qb_plan_reason(M, h, n, kv_b.shape[0] // h - n, r, C, cq.shape[1], cache.shape[1], sms)
 
 
 def qb_applies(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b, seq_lens, scale,
@@ -805,7 +807,7 @@ def qb_applies(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_w, kv_eps, norm_dt
         return False
     n = w_qb.shape[0] // h - r
     q = torch.empty(M, h, n + r, dtype=w_qb.dtype, device="meta")
-    return n > 0 and qb_reason(cq, q_norm_w, w_qb, h, q[..., :n], q[..., n:], cache, kv_b, seq_lens, scale) is None
+    return n > 0 and qb_reason(cq, q_norm_w, w_qb, q[..., :n], q[..., n:], cache, kv_b) is None
 
 
 APPLIES = {"mla_qb_append_attention_": qb_applies}
@@ -828,7 +830,7 @@ def mla_qb_append_attention_cuda(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_
                                                                     out_dtype)
     ok = reason is None and _env_ok(OP_QB, cache.device)          # _env_ok logs its own reason (CPU, no DSL, arch)
     if ok:
-        reason = qb_reason(cq, q_norm_w, w_qb, h, qn, qp, cache, kv_b, seq_lens, scale)
+        reason = qb_reason(cq, q_norm_w, w_qb, qn, qp, cache, kv_b)
     if ok and reason is None:
         join_pending()
         sms = _sm_count(cache.device.index if cache.device.index is not None else torch.cuda.current_device())

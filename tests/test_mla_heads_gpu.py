@@ -34,7 +34,8 @@ CASES = [(1, 1024, [1023]), (1, 1000, [517]), (1, 7, [0]), (2, 300, [299, 31]), 
 @pytest.mark.parametrize("cl", ["16", "8", "1"])
 def test_heads_matches_reference(M, T, seq_lens, h, cl, seed, monkeypatch):
     """With a cluster of the splits (the default: each CTA its share of the weight rows, merged in distributed
-    shared memory; 16: Hopper's non-portable cluster size, where one wave allows it) and without (K3FUSE_MLA_HEADS_CL=1: whole rows per CTA, merged by counters)."""
+    shared memory; 16: Hopper's non-portable cluster size, where one wave allows it) and without
+    (K3FUSE_MLA_HEADS_CL=1: whole rows per CTA, merged by counters)."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     args = inputs(M, h, T, seq_lens)
@@ -200,8 +201,8 @@ def test_qb_op_falls_back_to_two_launches(seed, monkeypatch):
     h, bf = 6, torch.bfloat16
     cq, qw, w_qb, ckv, nw, cache, kv_b, sl, gate = args = qb_inputs(1, h, 1024, [700])
     ref = qb_reference(*args, h)
-    assert ma.qb_reason(cq, qw, w_qb, h, *(torch.empty(1, h, N + R, device="cuda", dtype=bf).split([N, R], -1)),
-                        cache, kv_b, sl, SCALE) is not None
+    assert ma.qb_reason(cq, qw, w_qb, *(torch.empty(1, h, N + R, device="cuda", dtype=bf).split([N, R], -1)), cache,
+                        kv_b) is not None
     out = torch.ops.k3fuse.mla_qb_append_attention_(cq, qw, 1e-6, w_qb, h, ckv, nw, 1e-6, bf, cache, kv_b, sl, SCALE,
                                                     gate, bf)
     torch.cuda.synchronize()
