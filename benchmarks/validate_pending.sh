@@ -35,6 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s65            # the MLA rows after the lowering split (M = 8, TP8 M = 2)
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s64            # per-head MLA phase timeline (M = 1); its GPU tests
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s63            # MLA cast in the op: tests, the MLA rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s62            # q_b inside the per-head kernel: tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s61            # clusters of 16: tests (and s24's review), alone, the A/B
@@ -639,6 +641,21 @@ PY
         cp "$L"/layer_bench_m1_tp8.json "$L"/layer_bench_m1_tp8.png "$OUT/" 2>/dev/null
     fi
     tar czf "$OUT/logs_s27.tgz" -C "$L" .
+elif [ "$part" = s64 ]; then      # session 26: where the per-head MLA kernel's time goes at TP16 M = 1 (stamps per
+    # phase, K3FUSE_MLA_STAMPS=1, in the layer), then its GPU tests (session 25's fallback test's new call unrun)
+    timeout 300 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 8,16 --qb 1,0 > "$L/timeline.txt" 2>&1
+    echo "mla_timeline rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline.txt" | tail -120 | tee -a "$S"
+    cp "$L/mla_timeline.json" "$OUT/" 2>/dev/null
+    pytests heads 200 tests/test_mla_heads_gpu.py
+    tar czf "$OUT/logs_s64.tgz" -C "$L" .
+elif [ "$part" = s65 ]; then      # session 26: the MLA rows session 25's lowering split (4f52cb0) should restore
+    for spec in "16 8" "8 2,8"; do
+        set -- $spec
+        timeout 200 python3 benchmarks/layer_bench.py --kinds mla --tp $1 --ms $2 --top 14 --skip eager,inductor \
+            --tag _s26_mla_tp$1 --out "$OUT" > "$L/lb_tp$1.txt" 2>&1
+        echo "layer_bench mla tp$1 ms $2 rc=$?" | tee -a "$S"; grep -E "^mla " "$L/lb_tp$1.txt" | tee -a "$S"
+    done
+    tar czf "$OUT/logs_s65.tgz" -C "$L" .
 elif [ "$part" = s63 ]; then      # session 25: the MLA output's cast into the attention op (its contiguous clone no longer
     # blocks it: one Inductor kernel fewer per MLA layer) and q_b inside the per-head kernel at TP16 M = 2: the
     # append / gate / qb GPU tests, then the MLA rows (k3fuse only) at TP16 M = 1, 2 and TP8 M = 1

@@ -606,9 +606,19 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
         if why:
             raise ValueError(why)
     return dict(H=h, N=n, V=v, R=r, C=C, TT=HEADS_TT, THREADS=THREADS, MAX_NS=HEADS_MAX_NS, SCALE=repr(float(scale)),
-                CL=int(cl), QB=qb is not None, QL=int(qb[0]) if qb else 0, QEPS=repr(float(qb[1])) if qb else None,
+                CL=int(cl), **({"STAMPS": True} if stamps_on() and cl > 1 else {}), QB=qb is not None, QL=int(qb[0]) if qb else 0, QEPS=repr(float(qb[1])) if qb else None,
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
+
+
+def stamps_on() -> bool:
+    """K3FUSE_MLA_STAMPS=1 (diagnostic): the per-head kernel with clusters writes each CTA's phase timestamps into its
+    partials buffer (unused with clusters), and the launcher keeps every such buffer in STAMP_BUFS for
+    benchmarks/mla_timeline.py. Read when a kernel is rendered and launched."""
+    return os.environ.get("K3FUSE_MLA_STAMPS", "0") == "1"
+
+
+STAMP_BUFS: list = []   # the partials buffers of the launches with stamps, oldest first (cleared by the reader)
 
 
 def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
@@ -621,7 +631,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb)
+            int(cl), qb, stamps_on())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
@@ -677,6 +687,8 @@ def _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, ns, append, g
                        cl=heads_cluster(ns), qb=(qb[0].shape[1], qb[2]) if qb is not None else None)
     f32 = torch.float32
     opart = torch.empty(M, ns, h, v, dtype=f32, device=dev)
+    if stamps_on() and heads_cluster(ns) > 1:
+        STAMP_BUFS.append(opart)
     ml = torch.empty(M, ns, h, 2, dtype=f32, device=dev)
     if out is None:
         out = torch.empty(M, h, v, dtype=odt, device=dev)

@@ -1,0 +1,70 @@
+"""The per-head MLA kernel's phase stamps (K3FUSE_MLA_STAMPS=1, diagnostic): the rendered kernels with and without
+them, and benchmarks/mla_timeline.py's reader on a hand-made buffer (CPU)."""
+import pathlib
+import re
+import sys
+
+import pytest
+import torch
+
+from k3fuse.codegen import mla_attention as ma
+from k3fuse.codegen.render import render
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import mla_timeline  # noqa: E402
+
+K3 = dict(n=128, v=128, r=64, C=512)
+SCALE = 192 ** -0.5
+
+
+def _src(monkeypatch, stamps, cl, qb=None):
+    monkeypatch.setenv("K3FUSE_MLA_STAMPS", "1" if stamps else "0")
+    return render(ma.HEADS_TEMPLATE, **ma.heads_params(6, K3["n"], K3["v"], K3["r"], K3["C"], SCALE, append_eps=1e-6,
+                                                       gate=True, out_dtype="bfloat16", cl=cl, qb=qb))
+
+
+@pytest.mark.parametrize("qb", [None, (1536, 1e-6)])
+def test_stamps_only_where_asked(monkeypatch, qb):
+    """Off (the default) the source is the kernel of before, not a line more; on, thread 0 writes the 13 phases'
+    timer and clock into slots k and 16 + k of its (m, split, hd) partials row; never without a cluster (the counter
+    path uses that buffer)."""
+    off = _src(monkeypatch, False, 8, qb)
+    assert "sreg_bits_f32" not in off and "STAMPS" not in off
+    on = _src(monkeypatch, True, 8, qb)
+    slots = sorted(int(k) for k in re.findall(r'mOp\[m, split, hd, (\d+)\] = sreg_bits_f32\("%globaltimer_lo"\)', on))
+    assert slots == list(range(len(mla_timeline.PHASES)))
+    clocks = sorted(int(k) for k in re.findall(r'mOp\[m, split, hd, (\d+)\] = sreg_bits_f32\("%clock"\)', on))
+    assert clocks == [mla_timeline.CLK0 + k for k in slots]
+    # without the stamp lines the two sources are the same kernel
+    strip = lambda s: [ln for ln in s.splitlines() if "sreg_bits_f32" not in ln and "if tidx == 0:" not in ln
+                       and not ln.startswith("# params")]
+    body_on = on[:on.index("@dsl_user_op\ndef sreg_bits_f32")] + on[on.index("@cute.kernel"):]
+    assert strip(body_on) == strip(off)
+    assert "sreg_bits_f32" not in _src(monkeypatch, True, 1)
+
+
+def test_stamped_kernel_compiles(monkeypatch, isolated_kernel_cache):
+    pytest.importorskip("cutlass")
+    monkeypatch.setenv("K3FUSE_MLA_STAMPS", "1")
+    k = ma.build_heads(6, **K3, scale=SCALE, arch="sm_90a", load=False, cl=8, append_eps=1e-6, gate=True,
+                       out_dtype="bfloat16", qb=(1536, 1e-6))
+    ptx = open(k.files["kernel.ptx"]).read()
+    assert ptx.count("%globaltimer_lo") == 13 and ptx.count("%clock;") == 13
+
+
+def test_summarize_reads_a_launch():
+    """Two CTAs; CTA 1 starts 1 us later; the timer wraps past 2^32 between phases 0 and 1 of CTA 0."""
+    n = len(mla_timeline.PHASES)
+    buf = torch.zeros(1, 2, 1, 128, dtype=torch.int32)
+    base = (1 << 32) - 500                       # 0.5 us before the wrap
+    for cta, start in ((0, base), (1, base + 1000)):
+        for k in range(n):
+            buf[0, cta, 0, k] = torch.tensor((start + 1000 * k) % (1 << 32), dtype=torch.int64).to(torch.int32)
+            buf[0, cta, 0, mla_timeline.CLK0 + k] = torch.tensor((7 + 2000 * k * (cta + 1)) % (1 << 32)).to(torch.int32)
+    r = mla_timeline.summarize(buf.view(torch.float32))
+    assert r["ctas"] == 2
+    p = r["phases"]
+    assert [x["name"] for x in p] == list(mla_timeline.PHASES)
+    assert p[0]["first_us"] == 0.0 and p[0]["last_us"] == 1.0
+    assert p[3]["first_us"] == 3.0 and p[3]["last_us"] == 4.0          # across the wrap
+    assert p[0]["clocks"] == 0 and p[5]["clocks"] in (2000, 4000)       # the lower median of 2000 and 4000
