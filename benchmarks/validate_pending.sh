@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s67            # the per-head kernel's column-owned merges: tests, stamps, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s66            # the per-head kernel's batched DSMEM reads: tests, stamps, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s65            # the MLA rows after the lowering split (M = 8, TP8 M = 2)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s64            # per-head MLA phase timeline (M = 1); its GPU tests
@@ -649,6 +650,17 @@ elif [ "$part" = s64 ]; then      # session 26: where the per-head MLA kernel's 
     cp "$L/mla_timeline.json" "$OUT/" 2>/dev/null
     pytests heads 200 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s64.tgz" -C "$L" .
+elif [ "$part" = s67 ]; then      # session 26: each cluster rank merges C / CL columns (query, o_lat) and stores them
+    # in every rank (s66's stamps: every rank reading every peer's C columns was DSMEM-traffic-bound, CL^2): GPU tests,
+    # stamps, per head (CL = 16 where one wave allows) against three launches at M = 1 (TP16, TP8) and at TP16 M = 2
+    pytests heads 200 tests/test_mla_heads_gpu.py
+    timeout 200 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 8,16 --qb 1 > "$L/timeline.txt" 2>&1
+    echo "mla_timeline rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline.txt" | grep -A14 "launch 0" | tee -a "$S"
+    grep '^{' "$L/timeline.txt" | tee -a "$S"
+    cp "$L/mla_timeline.json" "$OUT/" 2>/dev/null
+    K3FUSE_MLA_HEADS_CL=16 ab_run heads_m1 260 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16,8 --ms 1 --pairs 16
+    ab_run heads_m2 150 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16 --ms 2 --pairs 16
+    tar czf "$OUT/logs_s67.tgz" -C "$L" .
 elif [ "$part" = s66 ]; then      # session 26: the per-head kernel's peer reads batched (query gather, merge) and its
     # gate read early: GPU tests, the stamps again, then per head (CL = 16 where one wave allows) against the three
     # launches at M = 1 (TP16, TP8), and per head against three launches at TP16 M = 2 (the default there)

@@ -594,7 +594,8 @@ def test_mla_heads_kernel_compiles(arch, h, append, cl, isolated_kernel_cache):
     the chain's wait (PDL on by default). Without a cluster: all of W_UK, then all of W_UV into the same buffer
     (behind a proxy fence), the splits merged by an acq_rel gpu-scope arrival. With a cluster of cl: rank c copies its
     N / cl + V / cl rows (all before the wait), the partial queries and the splits' partials merged through
-    distributed shared memory (ld.shared::cluster) behind three cluster barriers; no counter. 16-byte cache loads (the
+    distributed shared memory behind four cluster barriers (each rank merges C / cl columns and stores them in every
+    rank: ld / st.shared::cluster); no counter. 16-byte cache loads (the
     first tile's and the next tile's CPT chunks per thread); no local memory."""
     pytest.importorskip("cutlass")
     kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16") if append else {}
@@ -622,9 +623,12 @@ def test_mla_heads_kernel_compiles(arch, h, append, cl, isolated_kernel_cache):
         # one W_UK and one W_UV copy instruction (a row per thread), both before the wait
         assert len(bulk) == 2 and all(b < wait for b in bulk)
         assert "atom.global" not in body
-        assert count(body, r"barrier\.cluster\.arrive") == 3 and count(body, r"barrier\.cluster\.wait") == 3
-        # the query's C / THREADS columns and the merge's (max, sum) and C / THREADS columns, from each of cl CTAs
-        assert count(body, r"ld\.shared::cluster\.f32") == cl * (2 * (K3["C"] // ma.THREADS) + 2)
+        # partial queries / the query's columns everywhere / the splits' partials / the merged columns everywhere
+        assert count(body, r"barrier\.cluster\.arrive") == 4 and count(body, r"barrier\.cluster\.wait") == 4
+        # each rank reads only its C / cl columns: of the partial queries, and of the splits' (max, sum, o_lat), from
+        # each of cl CTAs, and stores its merged columns (query, o_lat) in each
+        assert count(body, r"ld\.shared::cluster\.f32") == 4 * cl
+        assert count(body, r"st\.shared::cluster\.f32") == 2 * cl
 
 
 @pytest.mark.parametrize("arch,cl", [("sm_90a", 8), ("sm_100a", 16)])
@@ -642,8 +646,8 @@ def test_mla_heads_qb_kernel_compiles(arch, cl, isolated_kernel_cache):
     bulk = [mm.start() for mm in re.finditer(r"cp\.async\.bulk\.shared::c[a-z]+\.global\.mbarrier::complete_tx::bytes ",
                                              body)]
     assert len(bulk) == 4 and all(b < body.find("griddepcontrol.wait") for b in bulk)
-    assert count(body, r"ld\.shared::cluster\.f32") == cl * (2 * (K3["C"] // ma.THREADS) + 2) + 1
-    assert count(body, r"barrier\.cluster\.arrive") == 3 and "atom.global" not in body
+    assert count(body, r"ld\.shared::cluster\.f32") == 4 * cl + 1
+    assert count(body, r"barrier\.cluster\.arrive") == 4 and "atom.global" not in body
 
 
 def test_mla_heads_qb_supports():
