@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s68            # per head by default at TP16 M = 1: tests, memcheck, e2e, the row
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s67            # the per-head kernel's column-owned merges: tests, stamps, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s66            # the per-head kernel's batched DSMEM reads: tests, stamps, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s65            # the MLA rows after the lowering split (M = 8, TP8 M = 2)
@@ -650,6 +651,18 @@ elif [ "$part" = s64 ]; then      # session 26: where the per-head MLA kernel's 
     cp "$L/mla_timeline.json" "$OUT/" 2>/dev/null
     pytests heads 200 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s64.tgz" -C "$L" .
+elif [ "$part" = s68 ]; then      # session 26: the per-head kernel (clusters of 16, q inside) the default at TP16 M = 1:
+    # its GPU tests and memcheck (the ranks' stores into each other's shared memory), the model end to end at M = 1,
+    # the MLA TP16 M = 1 row (k3fuse only)
+    pytests heads 200 tests/test_mla_heads_gpu.py
+    memcheck memcheck_qb16 150 tests/test_mla_heads_gpu.py -k "qb_op_matches and 16 and 1024"
+    timeout 200 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 1 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
+    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
+    timeout 150 python3 benchmarks/layer_bench.py --kinds mla --tp 16 --ms 1 --top 14 --skip eager,inductor \
+        --tag _s26_mla_tp16_m1 --out "$OUT" > "$L/lb.txt" 2>&1
+    echo "layer_bench mla tp16 m1 rc=$?" | tee -a "$S"; grep -E "^mla |^ +[0-9.]+ +[0-9]+ " "$L/lb.txt" | head -20 | tee -a "$S"
+    tar czf "$OUT/logs_s68.tgz" -C "$L" .
 elif [ "$part" = s67 ]; then      # session 26: each cluster rank merges C / CL columns (query, o_lat) and stores them
     # in every rank (s66's stamps: every rank reading every peer's C columns was DSMEM-traffic-bound, CL^2): GPU tests,
     # stamps, per head (CL = 16 where one wave allows) against three launches at M = 1 (TP16, TP8) and at TP16 M = 2

@@ -74,7 +74,7 @@ def _qb_cluster(cfg, tp: int, b: int) -> Optional[int]:
                      cfg.kv_lora_rank)
     if ma.head_groups(h) != 1 or ma.qb_plan_reason(b, h, n, v, r, C, cfg.q_lora_rank, PLAN_CONTEXT, PLAN_SMS):
         return None
-    return ma.heads_cluster(ma.heads_splits(b, h, PLAN_CONTEXT, PLAN_SMS))
+    return ma.heads_cluster(ma.heads_splits(b, h, PLAN_CONTEXT, PLAN_SMS), b, h)
 
 
 def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict], list[dict]]:
@@ -281,7 +281,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             if groups == 1 and mla_attention.heads_choice(b, h) \
                     and mla_attention.heads_reason(b, h, n, v, r, C, PLAN_SMS) is None:
                 ns = mla_attention.heads_splits(b, h, PLAN_CONTEXT, PLAN_SMS)
-                by_cl.setdefault(mla_attention.heads_cluster(ns), []).append(b)
+                by_cl.setdefault(mla_attention.heads_cluster(ns, b, h), []).append(b)
                 continue
             # the tile pipeline as the launcher takes it at a 1024-token context on 132 SMs (H100 / H200): where the
             # split grid fits one CTA per SM; other contexts may launch the same splits with the other choice

@@ -513,11 +513,17 @@ HEADS_TT = 32
 # the weight rows split over a cluster): TP16 (h = 6) M = 2 -2.09 us [-2.38, -1.67], 16 / 16 faster (alone: 11.06
 # against 12.96 us); M = 1 +1.05 (2 / 16); TP8 (h = 12) M = 1 -0.80 (13 / 16) in one process, +0.43 (5 / 16) in the
 # next, M = 2 +1.03 (4 / 16). Buckets 4 and up were not measured.
-HEADS_BY_HEADS: dict = {6: (2,)}
+# Session 26 (2026-12-03, RESULTS.md "Session 26", 16 pairs, with each rank merging C / CL columns): TP16 M = 1 with
+# clusters of 16 (HEADS_CL_BY_HEADS) and q inside, against the three launches + the q_b GEMV: -0.28 us [-0.68, +0.13]
+# (11 / 16), time-neutral and three launches fewer (11 -> 8 per MLA layer), so on; TP8 M = 1 (clusters of 8) +0.94
+# (3 / 16), off; TP16 M = 2 -3.06 (16 / 16).
+HEADS_BY_HEADS: dict = {6: (1, 2)}
 HEADS_CTR_SLOTS = 64 * MAX_HEADS      # the arrival counters per device: M * h <= this
 HEADS_CL = 8            # the largest cluster: the splits of one (head, row), each CTA with its 1 / CL of W_UK and
                         # W_UV, merged in distributed shared memory; 8 is the portable cluster size.
                         # K3FUSE_MLA_HEADS_CL overrides it (1: no clusters; splits merged by the counters).
+HEADS_CL_BY_HEADS: dict = {6: {1: 16}}   # heads per rank -> bucket -> the largest cluster there, where not
+                        # HEADS_CL (K3FUSE_MLA_HEADS_CL overrides): measured above (TP16 M = 1)
 HEADS_CL_MAX = 16       # the knob's ceiling: 16 is Hopper's non-portable cluster size (CuTe DSL sets
                         # CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED on every kernel it loads); a cluster
                         # of 16 runs only where a GPC has 16 free SMs.
@@ -537,14 +543,20 @@ def heads_supports(h: int, n: int, v: int, r: int, C: int) -> Optional[str]:
     return None
 
 
-def heads_cl() -> int:
-    return max(1, min(HEADS_CL_MAX, int(os.environ.get("K3FUSE_MLA_HEADS_CL", HEADS_CL) or 1)))
+def heads_cl(M: Optional[int] = None, h: Optional[int] = None) -> int:
+    """The largest cluster of the per-head kernel: K3FUSE_MLA_HEADS_CL, else HEADS_CL_BY_HEADS at (h, M's bucket),
+    else HEADS_CL."""
+    v = os.environ.get("K3FUSE_MLA_HEADS_CL", "")
+    if not v and M is not None and h is not None:
+        from .buckets import bucket_for
+        v = HEADS_CL_BY_HEADS.get(h, {}).get(bucket_for(M), "")
+    return max(1, min(HEADS_CL_MAX, int(v or HEADS_CL)))
 
 
-def heads_cluster(ns: int) -> int:
-    """CTAs per cluster for ns splits: ns itself where it is a power of two in 2 .. heads_cl() (the cluster is all
-    the splits of a (head, row)), else 1."""
-    return ns if 2 <= ns <= heads_cl() and ns & (ns - 1) == 0 else 1
+def heads_cluster(ns: int, M: Optional[int] = None, h: Optional[int] = None) -> int:
+    """CTAs per cluster for ns splits of M rows x h heads: ns itself where it is a power of two in 2 .. heads_cl(M, h)
+    (the cluster is all the splits of a (head, row)), else 1."""
+    return ns if 2 <= ns <= heads_cl(M, h) and ns & (ns - 1) == 0 else 1
 
 
 def heads_splits(M: int, h: int, T: int, sms: int = 132) -> int:
@@ -552,7 +564,7 @@ def heads_splits(M: int, h: int, T: int, sms: int = 132) -> int:
     keeps one wave (M * h * NS <= sms) and a tile per split, if that is >= 2. Otherwise one wave of one CTA per SM,
     at least one 32-token tile each, at most HEADS_MAX_NS (merged by the counters)."""
     ntiles = -(-T // HEADS_TT)
-    cl = heads_cl()
+    cl = heads_cl(M, h)
     while cl >= 2 and (M * h * cl > sms or cl > ntiles):
         cl //= 2
     if cl >= 2:
@@ -684,10 +696,10 @@ def _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, ns, append, g
         raise ValueError(f"{ns} splits per (row, head) (the per-head kernel takes 1..{HEADS_MAX_NS})")
     kern = build_heads(h, n, v, r, C, float(scale), q_nope.dtype,
                        append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt,
-                       cl=heads_cluster(ns), qb=(qb[0].shape[1], qb[2]) if qb is not None else None)
+                       cl=heads_cluster(ns, M, h), qb=(qb[0].shape[1], qb[2]) if qb is not None else None)
     f32 = torch.float32
     opart = torch.empty(M, ns, h, v, dtype=f32, device=dev)
-    if stamps_on() and heads_cluster(ns) > 1:
+    if stamps_on() and heads_cluster(ns, M, h) > 1:
         STAMP_BUFS.append(opart)
     ml = torch.empty(M, ns, h, 2, dtype=f32, device=dev)
     if out is None:
@@ -782,7 +794,8 @@ def qb_plan_reason(M: int, h: int, n: int, v: int, r: int, C: int, ql: int, T: i
         return "K3FUSE_MLA_QB=0"
     if not heads_choice(M, h):
         return f"the per-head kernel is not chosen at M = {M}, {h} heads (K3FUSE_MLA_HEADS / HEADS_BY_HEADS)"
-    return heads_reason(M, h, n, v, r, C, sms) or qb_supports(n, v, r, C, ql, heads_cluster(heads_splits(M, h, T, sms)))
+    return heads_reason(M, h, n, v, r, C, sms) or qb_supports(n, v, r, C, ql,
+                                                             heads_cluster(heads_splits(M, h, T, sms), M, h))
 
 
 def qb_reason(cq, q_norm_w, w_qb, q_nope, q_pe, cache, kv_b) -> Optional[str]:

@@ -125,7 +125,7 @@ def test_lowering_splits_it_back_where_the_kernel_does_not_compute_q(applies, mo
 
 def test_qb_applies_off_cuda_and_by_shape(monkeypatch):
     """The predicate: kept off CUDA (its reference is the unfused math); on CUDA fake values, only where the per-head
-    kernel runs with a cluster that splits W_qb (TP16: bucket 2 by default; K3FUSE_MLA_QB=0 never)."""
+    kernel runs with a cluster that splits W_qb (TP16: buckets 1 and 2 by default; K3FUSE_MLA_QB=0 never)."""
     from k3fuse.codegen import mla_attention as ma
     from torch._subclasses.fake_tensor import FakeTensorMode
     monkeypatch.setattr(ma, "_sm_count", lambda i: 132)
@@ -137,7 +137,10 @@ def test_qb_applies_off_cuda_and_by_shape(monkeypatch):
                 e(6 * 256, 512), e(M, dtype=torch.int64), 0.07, e(M, 768), bf)
     assert ma.qb_applies(*args(8, "cpu"))
     with FakeTensorMode(allow_non_fake_inputs=True):
-        assert ma.qb_applies(*args(2, "cuda")) and not ma.qb_applies(*args(1, "cuda"))
+        assert ma.qb_applies(*args(2, "cuda")) and ma.qb_applies(*args(1, "cuda"))
         assert not ma.qb_applies(*args(8, "cuda"))
+        monkeypatch.setenv("K3FUSE_MLA_HEADS", "0")              # the three launches: q_b stays a GEMV
+        assert not ma.qb_applies(*args(1, "cuda"))
+        monkeypatch.delenv("K3FUSE_MLA_HEADS")
         monkeypatch.setenv("K3FUSE_MLA_QB", "0")
         assert not ma.qb_applies(*args(2, "cuda"))

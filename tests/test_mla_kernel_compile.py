@@ -668,8 +668,12 @@ def test_mla_heads_supports_and_splits():
     assert ma.heads_reason(1, 6, 128, 128, 64, 512, 132) is None
     assert ma.heads_reason(32, 6, 128, 128, 64, 512, 132)          # 192 (row, head) pairs: more than one wave
     # one wave: M * h * NS <= SMs; one 32-token tile at least per split; at most HEADS_MAX_NS
-    # clusters: the largest power of two <= 8 that keeps one wave and a tile per split; else counters, one wave
-    assert ma.heads_splits(1, 6, 1024) == 8 and ma.heads_splits(1, 12, 1024) == 8
+    # clusters: the largest power of two <= 8 (16 at 6 heads, bucket 1: HEADS_CL_BY_HEADS) that keeps one wave and a
+    # tile per split; else counters, one wave
+    assert ma.heads_splits(1, 6, 1024) == 16 and ma.heads_splits(1, 12, 1024) == 8
+    assert ma.heads_cluster(16, 1, 6) == 16 and ma.heads_cluster(16, 2, 6) == 1 and ma.heads_cluster(16, 1, 12) == 1
+    assert ma.heads_cl(1, 6) == 16 and ma.heads_cl(2, 6) == ma.heads_cl() == ma.HEADS_CL == 8
+    assert ma.heads_choice(1, 6) and ma.heads_choice(2, 6) and not ma.heads_choice(1, 12) and not ma.heads_choice(4, 6)
     assert ma.heads_splits(2, 6, 1024) == 8 and ma.heads_splits(3, 6, 1024) == 4 and ma.heads_splits(4, 12, 1024) == 2
     assert ma.heads_splits(1, 6, 40) == 2 and ma.heads_splits(1, 6, 7) == 1 and ma.heads_splits(64, 6, 1024) == 1
     assert [ma.heads_cluster(n) for n in (1, 2, 4, 5, 8, 12, 16, 64)] == [1, 2, 4, 1, 8, 1, 1, 1]
@@ -684,6 +688,8 @@ def test_mla_heads_cluster_knob(monkeypatch):
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", "16")      # non-portable: only where M * h * 16 fits one wave
     assert ma.heads_splits(1, 6, 1024) == 16 and ma.heads_cluster(16) == 16
     assert ma.heads_splits(1, 12, 1024) == 8 and ma.heads_splits(2, 6, 1024) == 8
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", "8")       # the knob over the table's 16
+    assert ma.heads_splits(1, 6, 1024) == 8 and ma.heads_cluster(16, 1, 6) == 1
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", "32")      # capped at HEADS_CL_MAX
     assert ma.heads_cl() == ma.HEADS_CL_MAX == 16
     with pytest.raises(ValueError):
