@@ -524,16 +524,17 @@ def test_plan_follows_runtime_choices(monkeypatch):
     assert not [s for s in skipped if s["op"] == "k3fuse::mla_attention"]
     assert mla[0]["config"]["splits"] == [8, 8]                   # mla_attention.SPLITS_BY_BUCKET[8]
     jobs3, _ = kernels_cli.plan("k3", 16, [1, 8, 16, 64], "sm_90a")
-    got = {(*j["config"]["splits"], j["config"]["pipe"]): j["config"]["buckets"] for j in jobs3
-           if j["family"] == "mla_attention"}
+    three = [j for j in jobs3 if j["family"] == "mla_attention" and j["config"].get("variant") != "heads"]
+    got = {(*j["config"]["splits"], j["config"]["pipe"]): j["config"]["buckets"] for j in three}
     # one kernel per distinct split + tile pipeline (TP16; at a 1024-token context M = 16 and 64 have more split CTAs
-    # than SMs: no pipeline)
-    assert got == {(8, 8, True): [1], (32, 8, True): [8], (8, 8, False): [16], (4, 4, False): [64]}
+    # than SMs: no pipeline); bucket 1 takes the per-head kernel (HEADS_BY_HEADS), checked below
+    assert got == {(32, 8, True): [8], (8, 8, False): [16], (4, 4, False): [64]}
     assert not [j for j in jobs3 if j["family"] == "mla_attention" and j["config"].get("one_g")]
     # the one-launch variant where the launcher takes it (a measured rule in mla_attention.ONE_BY_HEADS, here h = 6 at
     # M = 1; or K3FUSE_MLA_ONE_KERNEL=1), of one_grid's 64 CTAs (qabsorb 6 heads x 8 splits, 32 KV splits)
     from k3fuse.codegen import mla_attention
     monkeypatch.setattr(mla_attention, "ONE_BY_HEADS", {6: (1,)})
+    monkeypatch.setenv("K3FUSE_MLA_HEADS", "0")                    # the per-head kernel would take M = 1 first
     jobs1, _ = kernels_cli.plan("k3", 16, [1, 8], "sm_90a")
     assert {j["config"]["buckets"][0]: j["config"].get("one_g") for j in jobs1 if j["family"] == "mla_attention"} == \
         {1: 64, 8: None}
@@ -541,6 +542,7 @@ def test_plan_follows_runtime_choices(monkeypatch):
     monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "0")
     assert not [j for j in kernels_cli.plan("k3", 16, [1], "sm_90a")[0] if j["config"].get("one_g")]
     monkeypatch.delenv("K3FUSE_MLA_ONE_KERNEL")
+    monkeypatch.delenv("K3FUSE_MLA_HEADS")
     monkeypatch.setattr(mla_attention, "ONE_BY_HEADS", {})
     # 12 heads with the MMA score step (the default): the pipeline at M = 1 too; with CUDA-core scores, not at M = 1
     jobs8p, _ = kernels_cli.plan("k3", 8, [1, 8], "sm_90a")
@@ -552,23 +554,24 @@ def test_plan_follows_runtime_choices(monkeypatch):
     monkeypatch.delenv("K3FUSE_MLA_MMA")
     assert {j["config"]["pipe"]: j["config"]["buckets"] for j in jobs8c if j["family"] == "mla_attention"} == \
         {False: [1], True: [8]}
-    # the per-head kernel where mla_attention.HEADS_BY_HEADS makes it the default (TP16 M = 2: a cluster of 8 splits),
-    # computing q itself there (pass fuse_q_b_into_mla_attention's op: 8 ranks split W_qb's 192 rows per head)
-    jobs2, _ = kernels_cli.plan("k3", 16, [1, 2], "sm_90a")
+    # the per-head kernel where mla_attention.HEADS_BY_HEADS makes it the default (TP16 M = 1: a cluster of 16 splits,
+    # HEADS_CL_BY_HEADS; M = 2: 8), computing q itself there (pass fuse_q_b_into_mla_attention's op: the ranks split
+    # W_qb's 192 rows per head)
+    jobs2, _ = kernels_cli.plan("k3", 16, [1, 2, 4], "sm_90a")
     heads = [j for j in jobs2 if j["config"].get("variant") == "heads"]
     assert [(j["config"]["buckets"], j["config"]["cluster"], j["op"], j["shape"].get("q_lora")) for j in heads] == \
-        [([2], 8, "k3fuse::mla_qb_append_attention_", 1536)]
-    # ... so the q_b GEMV with its norm is planned at bucket 1 only (skipped at 2, with the reason)
+        [([1], 16, "k3fuse::mla_qb_append_attention_", 1536), ([2], 8, "k3fuse::mla_qb_append_attention_", 1536)]
+    # ... so the q_b GEMV with its norm is planned at bucket 4 only (skipped at 1 and 2, with the reason)
     qb_n = 6 * 192
-    assert [j["bucket"] for j in jobs2 if j["op"] == "k3fuse::rms_norm_linear" and j["shape"]["N"] == qb_n] == [1]
-    assert any(s["bucket"] == 2 and "inside the per-head" in s["reason"] for s in kernels_cli.plan("k3", 16, [1, 2],
-               "sm_90a")[1] if s["op"] == "k3fuse::rms_norm_linear")
-    assert [j["config"]["buckets"] for j in jobs2 if j["family"] == "mla_attention" and j not in heads] == [[1]]
+    assert [j["bucket"] for j in jobs2 if j["op"] == "k3fuse::rms_norm_linear" and j["shape"]["N"] == qb_n] == [4]
+    assert {s["bucket"] for s in kernels_cli.plan("k3", 16, [1, 2, 4], "sm_90a")[1]
+            if s["op"] == "k3fuse::rms_norm_linear" and "inside the per-head" in s["reason"]} == {1, 2}
+    assert [j["config"]["buckets"] for j in jobs2 if j["family"] == "mla_attention" and j not in heads] == [[4]]
     monkeypatch.setenv("K3FUSE_MLA_HEADS", "0")
     assert not [j for j in kernels_cli.plan("k3", 16, [2], "sm_90a")[0] if j["config"].get("variant") == "heads"]
     monkeypatch.delenv("K3FUSE_MLA_HEADS")
     # one head group (TP16): pass fuse_mla_append_and_gate's op, its append + gate variant; TP2's groups: the plain one
-    assert {j["op"] for j in jobs3 if j["family"] == "mla_attention"} == {"k3fuse::mla_append_attention_"}
+    assert {j["op"] for j in three} == {"k3fuse::mla_append_attention_"}
     assert {j["config"]["gate"] for j in jobs3 if j["family"] == "mla_attention"} == {True}
     assert mla[0]["op"] == "k3fuse::mla_attention" and "append_eps" not in mla[0]["config"]
     E, D, KT = 896, 3584, 16

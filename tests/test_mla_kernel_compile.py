@@ -740,7 +740,7 @@ def test_mla_heads_arithmetic_model(M, T, seq_lens, ns):
 
 
 def test_kernels_cli_builds_the_per_head_job(isolated_kernel_cache):
-    """`k3fuse kernels` compiles the per-head kernel where it is the default (K3 TP16, bucket 2) with the same
+    """`k3fuse kernels` compiles the per-head kernel where it is the default (K3 TP16, here bucket 2) with the same
     parameters as the launcher: its PTX has the cluster's distributed shared memory loads."""
     pytest.importorskip("cutlass")
     from k3fuse.codegen import kernels_cli
@@ -749,4 +749,4 @@ def test_kernels_cli_builds_the_per_head_job(isolated_kernel_cache):
     k = kernels_cli.build_job(job, "sm_90a")
     assert "params: APPEND=True, C=512, CL=8, EPS='1e-06', GATE=True, H=6," in k.source
     assert "ld.shared::cluster.f32" in open(k.files["kernel.ptx"]).read()
-    assert ma.heads_choice(2, 6) and not ma.heads_choice(1, 6) and not ma.heads_choice(2, 12)
+    assert ma.heads_choice(2, 6) and ma.heads_choice(1, 6) and not ma.heads_choice(2, 12) and not ma.heads_choice(4, 6)
