@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s69            # the TP16 M = 1 per-head default's A/B again, from the table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s68            # per head by default at TP16 M = 1: tests, memcheck, e2e, the row
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s67            # the per-head kernel's column-owned merges: tests, stamps, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s66            # the per-head kernel's batched DSMEM reads: tests, stamps, A/Bs
@@ -651,6 +652,10 @@ elif [ "$part" = s64 ]; then      # session 26: where the per-head MLA kernel's 
     cp "$L/mla_timeline.json" "$OUT/" 2>/dev/null
     pytests heads 200 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s64.tgz" -C "$L" .
+elif [ "$part" = s69 ]; then      # session 26: the per-head default at TP16 M = 1 (clusters of 16 from the table, no
+    # knob) against the three launches + q_b once more, 24 pairs
+    ab_run heads_m1_table 200 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16 --ms 1 --pairs 24
+    tar czf "$OUT/logs_s69.tgz" -C "$L" .
 elif [ "$part" = s68 ]; then      # session 26: the per-head kernel (clusters of 16, q inside) the default at TP16 M = 1:
     # its GPU tests and memcheck (the ranks' stores into each other's shared memory), the model end to end at M = 1,
     # the MLA TP16 M = 1 row (k3fuse only)
