@@ -515,7 +515,8 @@ HEADS_TT = 32
 # next, M = 2 +1.03 (4 / 16). Buckets 4 and up were not measured.
 # Session 26 (2026-12-03, RESULTS.md "Session 26", 16 pairs, with each rank merging C / CL columns): TP16 M = 1 with
 # clusters of 16 (HEADS_CL_BY_HEADS) and q inside, against the three launches + the q_b GEMV: -0.28 us [-0.68, +0.13]
-# (11 / 16), time-neutral and three launches fewer (11 -> 8 per MLA layer), so on; TP8 M = 1 (clusters of 8) +0.94
+# (11 / 16), and +0.01 [-0.85, +0.56] (12 / 24) from the table: time-neutral and three launches fewer (11 -> 8 per MLA
+# layer), so on; TP8 M = 1 (clusters of 8) +0.94
 # (3 / 16), off; TP16 M = 2 -3.06 (16 / 16).
 HEADS_BY_HEADS: dict = {6: (1, 2)}
 HEADS_CTR_SLOTS = 64 * MAX_HEADS      # the arrival counters per device: M * h <= this
