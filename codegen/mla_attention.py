@@ -33,6 +33,7 @@ registered by registry.register() (IMPLS).
 """
 from __future__ import annotations
 
+import collections
 import functools
 import os
 from typing import Optional
@@ -516,8 +517,7 @@ HEADS_TT = 32
 # Session 26 (2026-12-03, RESULTS.md "Session 26", 16 pairs, with each rank merging C / CL columns): TP16 M = 1 with
 # clusters of 16 (HEADS_CL_BY_HEADS) and q inside, against the three launches + the q_b GEMV: -0.28 us [-0.68, +0.13]
 # (11 / 16), and +0.01 [-0.85, +0.56] (12 / 24) from the table: time-neutral and three launches fewer (11 -> 8 per MLA
-# layer), so on; TP8 M = 1 (clusters of 8) +0.94
-# (3 / 16), off; TP16 M = 2 -3.06 (16 / 16).
+# layer), so on; TP8 M = 1 (clusters of 8) +0.94 (3 / 16), off; TP16 M = 2 -3.06 (16 / 16).
 HEADS_BY_HEADS: dict = {6: (1, 2)}
 HEADS_CTR_SLOTS = 64 * MAX_HEADS      # the arrival counters per device: M * h <= this
 HEADS_CL = 8            # the largest cluster: the splits of one (head, row), each CTA with its 1 / CL of W_UK and
@@ -561,7 +561,7 @@ def heads_cluster(ns: int, M: Optional[int] = None, h: Optional[int] = None) -> 
 
 
 def heads_splits(M: int, h: int, T: int, sms: int = 132) -> int:
-    """Splits of T per (row, head). With clusters (heads_cl() > 1): the largest power of two <= heads_cl() that
+    """Splits of T per (row, head). With clusters (heads_cl(M, h) > 1): the largest power of two <= it that
     keeps one wave (M * h * NS <= sms) and a tile per split, if that is >= 2. Otherwise one wave of one CTA per SM,
     at least one 32-token tile each, at most HEADS_MAX_NS (merged by the counters)."""
     ntiles = -(-T // HEADS_TT)
@@ -619,7 +619,8 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
         if why:
             raise ValueError(why)
     return dict(H=h, N=n, V=v, R=r, C=C, TT=HEADS_TT, THREADS=THREADS, MAX_NS=HEADS_MAX_NS, SCALE=repr(float(scale)),
-                CL=int(cl), **({"STAMPS": True} if stamps_on() and cl > 1 else {}), QB=qb is not None, QL=int(qb[0]) if qb else 0, QEPS=repr(float(qb[1])) if qb else None,
+                CL=int(cl), QB=qb is not None, QL=int(qb[0]) if qb else 0, QEPS=repr(float(qb[1])) if qb else None,
+                **({"STAMPS": True} if stamps_on() and cl > 1 else {}),     # absent when off: the same source
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -631,7 +632,7 @@ def stamps_on() -> bool:
     return os.environ.get("K3FUSE_MLA_STAMPS", "0") == "1"
 
 
-STAMP_BUFS: list = []   # the partials buffers of the launches with stamps, oldest first (cleared by the reader)
+STAMP_BUFS = collections.deque(maxlen=64)   # the partials buffers of the last launches with stamps, oldest first
 
 
 def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
