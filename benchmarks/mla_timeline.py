@@ -65,39 +65,41 @@ def main():
     res = dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), runs=[])
     env0 = {k: os.environ.get(k) for k in ("K3FUSE_MLA_STAMPS", "K3FUSE_MLA_HEADS", "K3FUSE_MLA_HEADS_CL",
                                            "K3FUSE_MLA_QB")}
-    for tp in map(int, args.tp.split(",")):
-        cfg = per_rank_config(tp)
-        layers = [make_layer(cfg, "mla", seed, period="model") for seed in (0, 1)]
-        for M in map(int, args.ms.split(",")):
-            torch.manual_seed(M)
-            base = make_inputs(cfg, layers[0], M)
-            ref = layers[0](*clone_inputs(base))
-            arms = [("three", None, None)] + [(f"cl{cl} qb{qb}", cl, qb) for cl in args.cls.split(",")
-                                              for qb in args.qb.split(",")]
-            for name, cl, qb in arms:
-                os.environ["K3FUSE_MLA_STAMPS"] = "0" if cl is None else "1"
-                os.environ["K3FUSE_MLA_HEADS_CL"] = cl or "8"
-                os.environ["K3FUSE_MLA_QB"] = qb or "1"
-                fn = build_arm("K3FUSE_MLA_HEADS", "0" if cl is None else "1")
-                got = fn(layers[0], *clone_inputs(base))
-                err = max(rel(g, r) for g, r in zip(got, ref))
-                copies = [(l, clone_inputs(base)) for l in layers]
-                ma.STAMP_BUFS.clear()
-                g, n = capture(fn, copies, 1)
-                bufs = list(ma.STAMP_BUFS)[-len(copies):] if cl is not None else []
-                ts = [replay_us(g, n) for _ in range(args.replays)]
-                torch.cuda.synchronize()
-                run = dict(tp=tp, M=M, arm=name, rel_err=err, layer_us=round(statistics.median(ts), 2),
-                           launches=[summarize(b) for b in bufs])
-                res["runs"].append(run)
-                print(json.dumps(dict(tp=tp, M=M, arm=name, rel_err=err, layer_us=run["layer_us"],
-                                      stamped_launches=len(bufs))), flush=True)
-                del g
-    for k, v in env0.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    try:
+        for tp in map(int, args.tp.split(",")):
+            cfg = per_rank_config(tp)
+            layers = [make_layer(cfg, "mla", seed, period="model") for seed in (0, 1)]
+            for M in map(int, args.ms.split(",")):
+                torch.manual_seed(M)
+                base = make_inputs(cfg, layers[0], M)
+                ref = layers[0](*clone_inputs(base))
+                arms = [("three", None, None)] + [(f"cl{cl} qb{qb}", cl, qb) for cl in args.cls.split(",")
+                                                  for qb in args.qb.split(",")]
+                for name, cl, qb in arms:
+                    os.environ["K3FUSE_MLA_STAMPS"] = "0" if cl is None else "1"
+                    os.environ["K3FUSE_MLA_HEADS_CL"] = cl or "8"
+                    os.environ["K3FUSE_MLA_QB"] = qb or "1"
+                    fn = build_arm("K3FUSE_MLA_HEADS", "0" if cl is None else "1")
+                    got = fn(layers[0], *clone_inputs(base))
+                    err = max(rel(g, r) for g, r in zip(got, ref))
+                    copies = [(l, clone_inputs(base)) for l in layers]
+                    ma.STAMP_BUFS.clear()
+                    g, n = capture(fn, copies, 1)
+                    bufs = list(ma.STAMP_BUFS)[-len(copies):] if cl is not None else []
+                    ts = [replay_us(g, n) for _ in range(args.replays)]
+                    torch.cuda.synchronize()
+                    run = dict(tp=tp, M=M, arm=name, rel_err=err, layer_us=round(statistics.median(ts), 2),
+                               launches=[summarize(b) for b in bufs])
+                    res["runs"].append(run)
+                    print(json.dumps(dict(tp=tp, M=M, arm=name, rel_err=err, layer_us=run["layer_us"],
+                                          stamped_launches=len(bufs))), flush=True)
+                    del g
+    finally:
+        for k, v in env0.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     with open(os.path.join(args.out, "mla_timeline.json"), "w") as f:
         json.dump(res, f, indent=1)
     for run in res["runs"]:
