@@ -35,6 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s71            # K3FUSE_MLA_PUSH: all per-head GPU tests, memcheck, stamps
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s70            # K3FUSE_MLA_PUSH (st.async gathers): its tests, A/Bs at M = 1
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s69            # the TP16 M = 1 per-head default's A/B again, from the table
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s68            # per head by default at TP16 M = 1: tests, memcheck, e2e, the row
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s67            # the per-head kernel's column-owned merges: tests, stamps, A/Bs
@@ -652,6 +654,21 @@ elif [ "$part" = s64 ]; then      # session 26: where the per-head MLA kernel's 
     cp "$L/mla_timeline.json" "$OUT/" 2>/dev/null
     pytests heads 200 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s64.tgz" -C "$L" .
+elif [ "$part" = s70 ]; then      # session 27: the per-head kernel's gathers by st.async into the owners (K3FUSE_MLA_PUSH=1,
+    # no release cluster barriers): its GPU tests, then push against the loads at TP16 M = 1 (the per-head default,
+    # clusters of 16) and, with push, per head (clusters of 8) against the three launches + q_b at TP8 M = 1
+    pytests push 150 tests/test_mla_heads_gpu.py -k "push or qb_op"
+    ab_run push_tp16_m1 170 --var K3FUSE_MLA_PUSH=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
+    K3FUSE_MLA_PUSH=1 ab_run push_heads_tp8_m1 170 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
+    tar czf "$OUT/logs_s70.tgz" -C "$L" .
+elif [ "$part" = s71 ]; then      # session 27: K3FUSE_MLA_PUSH: every per-head GPU test, memcheck of the pushes, the stamps
+    pytests heads 220 tests/test_mla_heads_gpu.py
+    memcheck memcheck_push 150 tests/test_mla_heads_gpu.py -k "push_is_bitwise and 1024"
+    K3FUSE_MLA_PUSH=1 timeout 150 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16,8 --qb 1 \
+        > "$L/timeline.txt" 2>&1
+    echo "mla_timeline push rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline.txt" | tail -60 | tee -a "$S"
+    cp "$L/mla_timeline.json" "$OUT/mla_timeline_push.json" 2>/dev/null
+    tar czf "$OUT/logs_s71.tgz" -C "$L" .
 elif [ "$part" = s69 ]; then      # session 26: the per-head default at TP16 M = 1 (clusters of 16 from the table, no
     # knob) against the three launches + q_b once more, 24 pairs
     ab_run heads_m1_table 200 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 16 --ms 1 --pairs 24

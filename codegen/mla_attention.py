@@ -621,6 +621,7 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
     return dict(H=h, N=n, V=v, R=r, C=C, TT=HEADS_TT, THREADS=THREADS, MAX_NS=HEADS_MAX_NS, SCALE=repr(float(scale)),
                 CL=int(cl), QB=qb is not None, QL=int(qb[0]) if qb else 0, QEPS=repr(float(qb[1])) if qb else None,
                 **({"STAMPS": True} if stamps_on() and cl > 1 else {}),     # absent when off: the same source
+                **({"PUSH": True} if push_on() and cl > 1 else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -630,6 +631,13 @@ def stamps_on() -> bool:
     partials buffer (unused with clusters), and the launcher keeps every such buffer in STAMP_BUFS for
     benchmarks/mla_timeline.py. Read when a kernel is rendered and launched."""
     return os.environ.get("K3FUSE_MLA_STAMPS", "0") == "1"
+
+
+def push_on() -> bool:
+    """K3FUSE_MLA_PUSH=1: the per-head kernel with clusters gathers the partial queries and the splits' partials by
+    st.async pushes into each owner's shared memory, completing on its mbarriers, instead of distributed shared
+    memory loads between four cluster barriers (each a MEMBAR.ALL.GPU in the SASS). Read when a kernel is rendered."""
+    return os.environ.get("K3FUSE_MLA_PUSH", "0") == "1"
 
 
 STAMP_BUFS = collections.deque(maxlen=64)   # the partials buffers of the last launches with stamps, oldest first
@@ -645,7 +653,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on())
+            int(cl), qb, stamps_on(), push_on())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)

@@ -31,18 +31,39 @@ CASES = [(1, 1024, [1023]), (1, 1000, [517]), (1, 7, [0]), (2, 300, [299, 31]), 
 
 @pytest.mark.parametrize("M,T,seq_lens", CASES)
 @pytest.mark.parametrize("h", [6, 12])
-@pytest.mark.parametrize("cl", ["16", "8", "1"])
-def test_heads_matches_reference(M, T, seq_lens, h, cl, seed, monkeypatch):
+@pytest.mark.parametrize("cl,push", [("16", "0"), ("8", "0"), ("1", "0"), ("16", "1"), ("8", "1")])
+def test_heads_matches_reference(M, T, seq_lens, h, cl, push, seed, monkeypatch):
     """With a cluster of the splits (the default: each CTA its share of the weight rows, merged in distributed
-    shared memory; 16: Hopper's non-portable cluster size, where one wave allows it) and without
-    (K3FUSE_MLA_HEADS_CL=1: whole rows per CTA, merged by counters)."""
+    shared memory; 16: Hopper's non-portable cluster size, where one wave allows it; push: the gathers by st.async
+    into the owners, K3FUSE_MLA_PUSH=1) and without (K3FUSE_MLA_HEADS_CL=1: whole rows per CTA, merged by
+    counters)."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
+    monkeypatch.setenv("K3FUSE_MLA_PUSH", push)
     args = inputs(M, h, T, seq_lens)
     assert ma.heads_reason(M, h, N, V, R, C, 132) is None
     o = run_heads(args)
     torch.cuda.synchronize()
     assert rel(o, reference(*args, SCALE)) < 1e-2
+
+
+@pytest.mark.parametrize("cl", ["16", "8"])
+@pytest.mark.parametrize("M,h,T,seq_lens", [(1, 6, 1024, [1023]), (2, 6, 300, [299, 31]), (1, 12, 4000, [2500])])
+def test_heads_push_is_bitwise_the_loads(cl, M, h, T, seq_lens, seed, monkeypatch):
+    """The gathers by st.async (K3FUSE_MLA_PUSH=1) sum and merge the same values in the same rank order as the loads
+    between cluster barriers: the outputs are bitwise equal (and match the reference); fresh NaN-poisoned outputs."""
+    from k3fuse.codegen import mla_attention as ma
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
+    args = inputs(M, h, T, seq_lens)
+    outs = []
+    for push in ("0", "1"):
+        monkeypatch.setenv("K3FUSE_MLA_PUSH", push)
+        assert ma.push_on() == (push == "1")
+        outs.append(run_heads(args))
+    torch.cuda.synchronize()
+    assert not torch.isnan(outs[1]).any()
+    assert torch.equal(outs[0], outs[1])
+    assert rel(outs[1], reference(*args, SCALE)) < 1e-2
 
 
 @pytest.mark.parametrize("n_split", [1, 2, 4, 5, 8, 12, 33, 64])
@@ -64,8 +85,8 @@ def test_heads_append_gate_matches_reference(M, T, seq_lens, h, gated, seed):
     check_append(M, T, seq_lens, h, gated, heads=True)
 
 
-@pytest.mark.parametrize("cl", ["16", "8", "1"])
-def test_heads_op_in_a_cuda_graph(cl, seed, monkeypatch):
+@pytest.mark.parametrize("cl,push", [("16", "0"), ("8", "0"), ("1", "0"), ("16", "1")])
+def test_heads_op_in_a_cuda_graph(cl, push, seed, monkeypatch):
     """k3fuse::mla_append_attention_ through the dispatcher with K3FUSE_MLA_HEADS=1, two launches of different
     (M, h) in one CUDA graph, replayed with new ckv / seq_lens / q: every replay matches the reference; without
     clusters (K3FUSE_MLA_HEADS_CL=1, where the splits merge by the arrival counters) the counters are back at zero."""
@@ -74,6 +95,7 @@ def test_heads_op_in_a_cuda_graph(cl, seed, monkeypatch):
     from k3fuse.codegen import registry
     monkeypatch.setenv("K3FUSE_MLA_HEADS", "1")
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
+    monkeypatch.setenv("K3FUSE_MLA_PUSH", push)
     registry.register()
     launched = []
     real = ma._launch_heads
@@ -146,9 +168,9 @@ def qb_reference(cq, qw, w_qb, ckv, nw, cache, kv_b, sl, gate, h):
     return o * torch.sigmoid(gate.float().view(o.shape))
 
 
-@pytest.mark.parametrize("cl", ["16", "8"])
+@pytest.mark.parametrize("cl,push", [("16", "0"), ("8", "0"), ("16", "1"), ("8", "1")])
 @pytest.mark.parametrize("M,T,seq_lens", [(1, 1024, [1023]), (1, 2000, [1234]), (2, 300, [299, 31])])
-def test_qb_op_matches_reference(cl, M, T, seq_lens, seed, monkeypatch):
+def test_qb_op_matches_reference(cl, push, M, T, seq_lens, seed, monkeypatch):
     """k3fuse::mla_qb_append_attention_ through the dispatcher with K3FUSE_MLA_HEADS=1 (pass
     fuse_q_b_into_mla_attention's op): the per-head kernel computing q itself (the launcher got q_b's operands),
     captured in a CUDA graph and replayed with new cq / ckv / seq_lens: every replay's o (NaN-poisoned before) within
@@ -158,6 +180,7 @@ def test_qb_op_matches_reference(cl, M, T, seq_lens, seed, monkeypatch):
     from k3fuse.codegen import registry
     monkeypatch.setenv("K3FUSE_MLA_HEADS", "1")
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
+    monkeypatch.setenv("K3FUSE_MLA_PUSH", push)
     registry.register()
     launched = []
     real = ma._launch_heads

@@ -650,6 +650,38 @@ def test_mla_heads_qb_kernel_compiles(arch, cl, isolated_kernel_cache):
     assert count(body, r"barrier\.cluster\.arrive") == 4 and "atom.global" not in body
 
 
+@pytest.mark.parametrize("arch,h,cl,qb", [("sm_90a", 6, 16, True), ("sm_100a", 12, 8, False), ("sm_90a", 12, 8, True)])
+def test_mla_heads_push_kernel_compiles(arch, h, cl, qb, monkeypatch, isolated_kernel_cache):
+    """K3FUSE_MLA_PUSH=1: the cluster's gathers by st.async into the owners' shared memory on four more mbarriers, no
+    distributed shared memory loads or plain remote stores; one cluster barrier, relaxed, for the mbarriers' init
+    (barrier.cluster.arrive's release is a MEMBAR.ALL.GPU in the SASS: none left). st.async per thread: its C / THREADS
+    partial-query and o_lat columns to their owners, the (max, sum) pair, and the owner's merged columns (and q_pe
+    rows) to every rank. Without the knob the source has none of it."""
+    pytest.importorskip("cutlass")
+    kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16", **(dict(qb=(1536, 1e-6)) if qb else {}))
+    monkeypatch.setenv("K3FUSE_MLA_PUSH", "0")
+    off = ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(h, **K3, scale=SCALE, cl=cl, append_eps=1e-6, gate=True,
+                                                         out_dtype="bfloat16", qb=kw.get("qb")))
+    assert "st_async_f32" not in off and "PB =" not in off
+    monkeypatch.setenv("K3FUSE_MLA_PUSH", "1")
+    k = ma.build_heads(h, **K3, scale=SCALE, arch=arch, load=False, cl=cl, **kw)
+    assert "st_async_f32" in k.source
+    body = entries(open(k.files["kernel.ptx"]).read())["heads_kernel"]
+    assert "ld.local" not in body and "st.local" not in body
+    assert "ld.shared::cluster" not in body and "st.shared::cluster" not in body and "atom.global" not in body
+    assert count(body, r"mbarrier\.init") == (3 if qb else 2) + 4
+    assert count(body, r"barrier\.cluster\.arrive") == 1 == count(body, r"barrier\.cluster\.arrive\.relaxed")
+    assert count(body, r"barrier\.cluster\.wait") == 1
+    per = 2 * (K3["C"] // ma.THREADS) + 2 + 2 * cl + (cl if qb else 0)
+    assert count(body, r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.f32") == per
+    from test_codegen_compile import _nvdisasm
+    nd = _nvdisasm()
+    if nd is not None and arch == "sm_90a":
+        import subprocess
+        sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+        assert "MEMBAR" not in sass and not re.search(r"\b(STL|LDL)\b", sass)
+
+
 def test_mla_heads_qb_supports():
     """W_qb's rows split over the cluster: 16 + 8 rows of 1536 per CTA at 8, 8 + 4 at 16; not without a cluster,
     and not at 4 or 2 (48 / 96 rows of 3 KB do not fit next to W_UK / W_UV's rows)."""
