@@ -589,15 +589,16 @@ def test_mla_combine_preload_loads_ahead(h, monkeypatch, isolated_kernel_cache):
 @pytest.mark.parametrize("arch,h,append,cl", [("sm_90a", 6, True, 8), ("sm_100a", 12, True, 8), ("sm_90a", 12, False, 1),
                                               ("sm_90a", 6, False, 2), ("sm_100a", 6, True, 1),
                                               ("sm_90a", 6, True, 16)])
-def test_mla_heads_kernel_compiles(arch, h, append, cl, isolated_kernel_cache):
+def test_mla_heads_kernel_compiles(arch, h, append, cl, isolated_kernel_cache, monkeypatch):
     """The per-head variant: one kernel; weight rows by one bulk copy each on two mbarriers, the first ones before
     the chain's wait (PDL on by default). Without a cluster: all of W_UK, then all of W_UV into the same buffer
     (behind a proxy fence), the splits merged by an acq_rel gpu-scope arrival. With a cluster of cl: rank c copies its
     N / cl + V / cl rows (all before the wait), the partial queries and the splits' partials merged through
     distributed shared memory behind four cluster barriers (each rank merges C / cl columns and stores them in every
-    rank: ld / st.shared::cluster); no counter. 16-byte cache loads (the
+    rank: ld / st.shared::cluster; K3FUSE_MLA_PUSH=0, the pushes' test below); no counter. 16-byte cache loads (the
     first tile's and the next tile's CPT chunks per thread); no local memory."""
     pytest.importorskip("cutlass")
+    monkeypatch.setenv("K3FUSE_MLA_PUSH", "0")
     kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16") if append else {}
     k = ma.build_heads(h, **K3, scale=SCALE, arch=arch, load=False, cl=cl, **kw)
     ptx = open(k.files["kernel.ptx"]).read()
@@ -632,11 +633,13 @@ def test_mla_heads_kernel_compiles(arch, h, append, cl, isolated_kernel_cache):
 
 
 @pytest.mark.parametrize("arch,cl", [("sm_90a", 8), ("sm_100a", 16)])
-def test_mla_heads_qb_kernel_compiles(arch, cl, isolated_kernel_cache):
+def test_mla_heads_qb_kernel_compiles(arch, cl, isolated_kernel_cache, monkeypatch):
     """The variant computing q itself (mla_qb_append_attention_): a third mbarrier for this rank's W_qb rows, every
     weight row's bulk copy (W_UK, W_UV, W_qb's q_nope and q_pe rows) before the chain's wait, no q_nope / q_pe loads
-    from global memory; one more distributed-shared-memory load per thread (q_pe from its owner); no local memory."""
+    from global memory; one more distributed-shared-memory load per thread (q_pe from its owner; K3FUSE_MLA_PUSH=0);
+    no local memory."""
     pytest.importorskip("cutlass")
+    monkeypatch.setenv("K3FUSE_MLA_PUSH", "0")
     k = ma.build_heads(6, **K3, scale=SCALE, arch=arch, load=False, cl=cl, append_eps=1e-6, gate=True,
                        out_dtype="bfloat16", qb=(1536, 1e-6))
     assert "QL = 1536" in k.source and "mQn" not in k.source and "mQp" not in k.source
@@ -773,12 +776,12 @@ def test_mla_heads_arithmetic_model(M, T, seq_lens, ns):
 
 def test_kernels_cli_builds_the_per_head_job(isolated_kernel_cache):
     """`k3fuse kernels` compiles the per-head kernel where it is the default (K3 TP16, here bucket 2) with the same
-    parameters as the launcher: its PTX has the cluster's distributed shared memory loads."""
+    parameters as the launcher: its PTX has the cluster's pushes into the owners' shared memory (st.async)."""
     pytest.importorskip("cutlass")
     from k3fuse.codegen import kernels_cli
     jobs, _ = kernels_cli.plan("k3", 16, [2], "sm_90a")
     (job,) = [j for j in jobs if j["config"].get("variant") == "heads"]
     k = kernels_cli.build_job(job, "sm_90a")
     assert "params: APPEND=True, C=512, CL=8, EPS='1e-06', GATE=True, H=6," in k.source
-    assert "ld.shared::cluster.f32" in open(k.files["kernel.ptx"]).read()
+    assert "PUSH=True" in k.source and "st.async.shared::cluster" in open(k.files["kernel.ptx"]).read()
     assert ma.heads_choice(2, 6) and ma.heads_choice(1, 6) and not ma.heads_choice(2, 12) and not ma.heads_choice(4, 6)
