@@ -685,25 +685,6 @@ def test_mla_heads_push_kernel_compiles(arch, h, cl, qb, monkeypatch, isolated_k
         assert "MEMBAR" not in sass and not re.search(r"\b(STL|LDL)\b", sass)
 
 
-@pytest.mark.parametrize("arch,cl", [("sm_90a", 16), ("sm_100a", 1)])
-def test_mla_heads_wmax_kernel_compiles(arch, cl, monkeypatch, isolated_kernel_cache):
-    """K3FUSE_MLA_WMAX=1: the tile max from the warps' maxima (two more butterfly shuffles a tile, the 8 maxima read
-    as two 16-byte vectors); no local memory. Without it, none of this in the source."""
-    pytest.importorskip("cutlass")
-    monkeypatch.setenv("K3FUSE_MLA_WMAX", "0")
-    off = ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(6, **K3, scale=SCALE, cl=cl))
-    assert "sP4" not in off and "WMAX" not in off
-    bodies = []
-    for on in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_MLA_WMAX", on)
-        k = ma.build_heads(6, **K3, scale=SCALE, arch=arch, load=False, cl=cl)
-        bodies.append(entries(open(k.files["kernel.ptx"]).read())["heads_kernel"])
-    assert "sP4[buf" in k.source and "if mx > st[0]:" in k.source
-    assert "ld.local" not in bodies[1] and "st.local" not in bodies[1]
-    # the tile loop (not unrolled) has the two shuffles of the warp's max more
-    assert count(bodies[1], r"shfl\.sync\.bfly") == count(bodies[0], r"shfl\.sync\.bfly") + 2
-
-
 def test_mla_heads_qb_supports():
     """W_qb's rows split over the cluster: 16 + 8 rows of 1536 per CTA at 8, 8 + 4 at 16; not without a cluster,
     and not at 4 or 2 (48 / 96 rows of 3 KB do not fit next to W_UK / W_UV's rows)."""
