@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s72            # K3FUSE_MLA_WMAX (since removed: no gain): tests, A/Bs; the pushes at TP16 M = 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s71            # K3FUSE_MLA_PUSH: all per-head GPU tests, memcheck, stamps
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s70            # K3FUSE_MLA_PUSH (st.async gathers): its tests, A/Bs at M = 1
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s69            # the TP16 M = 1 per-head default's A/B again, from the table
@@ -661,6 +662,13 @@ elif [ "$part" = s70 ]; then      # session 27: the per-head kernel's gathers by
     ab_run push_tp16_m1 170 --var K3FUSE_MLA_PUSH=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     K3FUSE_MLA_PUSH=1 ab_run push_heads_tp8_m1 170 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
     tar czf "$OUT/logs_s70.tgz" -C "$L" .
+elif [ "$part" = s72 ]; then      # session 27: the per-head tile loop's warp-level max and lazy rescale (K3FUSE_MLA_WMAX=1,
+    # bitwise the same): tests, A/Bs at TP16 M = 1 and (per head) TP8 M = 1; the pushes (the default) at TP16 M = 2
+    pytests knobs 150 tests/test_mla_heads_gpu.py -k "bitwise or qb_op"
+    ab_run wmax_tp16_m1 150 --var K3FUSE_MLA_WMAX=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
+    K3FUSE_MLA_HEADS=1 ab_run wmax_heads_tp8_m1 150 --var K3FUSE_MLA_WMAX=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
+    ab_run push_tp16_m2 150 --var K3FUSE_MLA_PUSH=0,1 --kinds mla --tp 16 --ms 2 --pairs 16
+    tar czf "$OUT/logs_s72.tgz" -C "$L" .
 elif [ "$part" = s71 ]; then      # session 27: K3FUSE_MLA_PUSH: every per-head GPU test, memcheck of the pushes, the stamps
     pytests heads 220 tests/test_mla_heads_gpu.py
     memcheck memcheck_push 150 tests/test_mla_heads_gpu.py -k "push_is_bitwise and 1024"
