@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s73            # K3FUSE_MLA_PF2: tests, A/Bs (TP16 M = 1, 2; TP8 M = 1 per head)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s72            # K3FUSE_MLA_WMAX (since removed: no gain): tests, A/Bs; the pushes at TP16 M = 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s71            # K3FUSE_MLA_PUSH: all per-head GPU tests, memcheck, stamps
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s70            # K3FUSE_MLA_PUSH (st.async gathers): its tests, A/Bs at M = 1
@@ -662,6 +663,13 @@ elif [ "$part" = s70 ]; then      # session 27: the per-head kernel's gathers by
     ab_run push_tp16_m1 170 --var K3FUSE_MLA_PUSH=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     K3FUSE_MLA_PUSH=1 ab_run push_heads_tp8_m1 170 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
     tar czf "$OUT/logs_s70.tgz" -C "$L" .
+elif [ "$part" = s73 ]; then      # session 27: the per-head kernel's second tile loaded with the first (K3FUSE_MLA_PF2=1,
+    # bitwise the same): tests, A/Bs at TP16 M = 1, 2 (per head, the default) and TP8 M = 1 (per head)
+    pytests knobs 150 tests/test_mla_heads_gpu.py -k "bitwise"
+    ab_run pf2_tp16_m1 150 --var K3FUSE_MLA_PF2=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
+    K3FUSE_MLA_HEADS=1 ab_run pf2_heads_tp8_m1 150 --var K3FUSE_MLA_PF2=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
+    ab_run pf2_tp16_m2 150 --var K3FUSE_MLA_PF2=0,1 --kinds mla --tp 16 --ms 2 --pairs 16
+    tar czf "$OUT/logs_s73.tgz" -C "$L" .
 elif [ "$part" = s72 ]; then      # session 27: the per-head tile loop's warp-level max and lazy rescale (K3FUSE_MLA_WMAX=1,
     # bitwise the same): tests, A/Bs at TP16 M = 1 and (per head) TP8 M = 1; the pushes (the default) at TP16 M = 2
     pytests knobs 150 tests/test_mla_heads_gpu.py -k "bitwise or qb_op"
