@@ -35,7 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s73            # K3FUSE_MLA_PF2: tests, A/Bs (TP16 M = 1, 2; TP8 M = 1 per head)
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s73            # K3FUSE_MLA_PF2 (since removed: no gain): tests, A/Bs (TP16 M = 1, 2; TP8 M = 1 per head)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s72            # K3FUSE_MLA_WMAX (since removed: no gain): tests, A/Bs; the pushes at TP16 M = 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s71            # K3FUSE_MLA_PUSH: all per-head GPU tests, memcheck, stamps
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s70            # K3FUSE_MLA_PUSH (st.async gathers): its tests, A/Bs at M = 1

@@ -622,7 +622,6 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
                 CL=int(cl), QB=qb is not None, QL=int(qb[0]) if qb else 0, QEPS=repr(float(qb[1])) if qb else None,
                 **({"STAMPS": True} if stamps_on() and cl > 1 else {}),     # absent when off: the same source
                 **({"PUSH": True} if push_on() and cl > 1 else {}),
-                **({"PF2": True} if pf2_on() else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -642,12 +641,6 @@ def push_on() -> bool:
     return os.environ.get("K3FUSE_MLA_PUSH", "1") != "0"
 
 
-def pf2_on() -> bool:
-    """K3FUSE_MLA_PF2=1: the per-head kernel issues its second tile's cache loads with the first's, right after the
-    chain's wait (their latency under the query's work), and tile k + 2's at the end of tile k. Read when rendering."""
-    return os.environ.get("K3FUSE_MLA_PF2", "0") == "1"
-
-
 STAMP_BUFS = collections.deque(maxlen=64)   # the partials buffers of the last launches with stamps, oldest first
 
 
@@ -661,7 +654,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on(), pf2_on())
+            int(cl), qb, stamps_on(), push_on())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)

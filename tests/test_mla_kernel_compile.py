@@ -685,24 +685,6 @@ def test_mla_heads_push_kernel_compiles(arch, h, cl, qb, monkeypatch, isolated_k
         assert "MEMBAR" not in sass and not re.search(r"\b(STL|LDL)\b", sass)
 
 
-@pytest.mark.parametrize("arch,cl", [("sm_90a", 16), ("sm_100a", 8)])
-def test_mla_heads_pf2_kernel_compiles(arch, cl, monkeypatch, isolated_kernel_cache):
-    """K3FUSE_MLA_PF2=1: the first two tiles' 16-byte cache loads (CPT each per thread) before the wait for this rank's
-    W_qb rows, one tile's without it (cq and q_norm_w's two loads besides); no local memory."""
-    pytest.importorskip("cutlass")
-    cpt = (K3["C"] + K3["r"]) // 8 // (ma.THREADS // ma.HEADS_TT)
-    v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
-    for on, tiles in (("0", 1), ("1", 2)):
-        monkeypatch.setenv("K3FUSE_MLA_PF2", on)
-        k = ma.build_heads(6, **K3, scale=SCALE, arch=arch, load=False, cl=cl, append_eps=1e-6, gate=True,
-                           out_dtype="bfloat16", qb=(1536, 1e-6))
-        assert ("PF2=True" in k.source) == (on == "1")
-        body = entries(open(k.files["kernel.ptx"]).read())["heads_kernel"]
-        assert "ld.local" not in body and "st.local" not in body
-        head = body[:body.find("mbarrier.try_wait")]
-        assert count(head, v4) == tiles * cpt + 2
-
-
 def test_mla_heads_qb_supports():
     """W_qb's rows split over the cluster: 16 + 8 rows of 1536 per CTA at 8, 8 + 4 at 16; not without a cluster,
     and not at 4 or 2 (48 / 96 rows of 3 KB do not fit next to W_UK / W_UV's rows)."""
