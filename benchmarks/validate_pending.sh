@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s74            # K3FUSE_MIXNORM_PUSH: tests, memcheck, A/Bs; the MLA TP16 M = 1 row
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s73            # K3FUSE_MLA_PF2 (since removed: no gain): tests, A/Bs (TP16 M = 1, 2; TP8 M = 1 per head)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s72            # K3FUSE_MLA_WMAX (since removed: no gain): tests, A/Bs; the pushes at TP16 M = 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s71            # K3FUSE_MLA_PUSH: all per-head GPU tests, memcheck, stamps
@@ -663,6 +664,17 @@ elif [ "$part" = s70 ]; then      # session 27: the per-head kernel's gathers by
     ab_run push_tp16_m1 170 --var K3FUSE_MLA_PUSH=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     K3FUSE_MLA_PUSH=1 ab_run push_heads_tp8_m1 170 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
     tar czf "$OUT/logs_s70.tgz" -C "$L" .
+elif [ "$part" = s74 ]; then      # session 27: the mix-norm cluster kernel's gathers by st.async (K3FUSE_MIXNORM_PUSH=1,
+    # bitwise the same): tests, memcheck, A/Bs at TP16 M = 2 (both kinds) and M = 8 (KDA); then the MLA TP16 M = 1 row
+    # with the per-head kernel's pushes (the default since s70)
+    pytests mixnorm 150 tests/test_kernels_gpu.py -k "mix_norm_cluster or mix_norm_push"
+    memcheck memcheck_mnpush 120 tests/test_kernels_gpu.py -k "mix_norm_push_is_bitwise"
+    ab_run mnpush_tp16_m2 130 --var K3FUSE_MIXNORM_PUSH=0,1 --kinds kda,mla --tp 16 --ms 2 --pairs 12
+    ab_run mnpush_tp16_m8 100 --var K3FUSE_MIXNORM_PUSH=0,1 --kinds kda --tp 16 --ms 8 --pairs 12
+    timeout 120 python3 benchmarks/layer_bench.py --kinds mla --tp 16 --ms 1 --top 14 --skip eager,inductor \
+        --tag _s27_mla_tp16_m1 --out "$OUT" > "$L/lb.txt" 2>&1
+    echo "layer_bench mla tp16 m1 rc=$?" | tee -a "$S"; grep -E "^mla |^ +[0-9.]+ +[0-9]+ " "$L/lb.txt" | head -20 | tee -a "$S"
+    tar czf "$OUT/logs_s74.tgz" -C "$L" .
 elif [ "$part" = s73 ]; then      # session 27: the per-head kernel's second tile loaded with the first (K3FUSE_MLA_PF2=1,
     # bitwise the same): tests, A/Bs at TP16 M = 1, 2 (per head, the default) and TP8 M = 1 (per head)
     pytests knobs 150 tests/test_mla_heads_gpu.py -k "bitwise"

@@ -35,6 +35,14 @@ def mixnorm_cluster() -> int:
     return c
 
 
+def mixnorm_push() -> bool:
+    """K3FUSE_MIXNORM_PUSH=1: the cluster variant's two gathers of the CTAs' totals by st.async into every peer's
+    shared memory, completing on its mbarriers (one relaxed cluster barrier for their init), instead of
+    ld.shared::cluster between three cluster barriers (each arrive a MEMBAR.ALL.GPU in the SASS). The sums keep
+    their rank order: bitwise the same. Read when a kernel is rendered, like mixnorm_cluster()."""
+    return os.environ.get("K3FUSE_MIXNORM_PUSH", "0") == "1"
+
+
 def cluster_for(H: int, has_norm: bool, cl: int) -> int:
     """The cluster size the kernel gets: cl where it divides the row's vectors and the norm is fused (the cluster
     variant's last barrier pairs with the norm's reduction), else 1."""
@@ -42,7 +50,7 @@ def cluster_for(H: int, has_norm: bool, cl: int) -> int:
 
 
 def mixnorm_params(H: int, nb: int, has_addend: bool, has_prefix: bool, has_norm: bool, fp32_norm: bool,
-                   mix_eps: float, norm_eps: float, wm_pair: bool = False, cl: int = 1) -> dict:
+                   mix_eps: float, norm_eps: float, wm_pair: bool = False, cl: int = 1, push: bool = False) -> dict:
     hv = H // 8
     cl = cluster_for(H, has_norm, cl)
     hvc = hv // cl                  # vectors per CTA
@@ -55,6 +63,8 @@ def mixnorm_params(H: int, nb: int, has_addend: bool, has_prefix: bool, has_norm
         p["WM_PAIR"] = True
     if cl > 1:      # likewise
         p.update(CL=cl, HVC=hvc)
+        if push:
+            p["PUSH"] = True
     return p
 
 
@@ -79,7 +89,7 @@ def render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, 
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **mixnorm_params(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps,
-                                             wm_pair, cl=mixnorm_cluster()))
+                                             wm_pair, cl=mixnorm_cluster(), push=mixnorm_push()))
 
 
 _built: dict = {}

@@ -117,6 +117,36 @@ def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("cl,nb", [(8, 3), (4, 0), (8, 8)])
+def test_mix_norm_push_compiles(arch, cl, nb, monkeypatch):
+    """K3FUSE_MIXNORM_PUSH=1: the CTAs' totals st.async'd into every peer (CL per gathered value: 2 x NS statistics
+    by as many threads, then the norm's sum) on two mbarriers; one relaxed cluster barrier (their init), no
+    ld.shared::cluster, no MEMBAR in the SASS."""
+    monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", str(cl))
+    monkeypatch.setenv("K3FUSE_MIXNORM_PUSH", "1")
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
+    kcompile.clear_memo()
+    frn._built.clear()
+    try:
+        k = frn.build_mix_norm(7168, nb, True, True, True, True, 1e-5, 1e-5, arch=arch, load=False, wm_pair=True)
+    finally:
+        kcompile.clear_memo()
+        frn._built.clear()
+    ptx = ptx_of(k)
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32") == cl * (2 if nb > 0 else 1)
+    assert "ld.shared::cluster" not in ptx and ptx.count("mbarrier.init") == 2
+    assert ptx.count("barrier.cluster.arrive") == 1 == ptx.count("barrier.cluster.arrive.relaxed")
+    assert ptx.count("barrier.cluster.wait") == 1
+    wait = ptx.find("griddepcontrol.wait")
+    assert 0 <= wait < ptx.find("ld.global") and wait < ptx.find("st.global")
+    nd = _nvdisasm()
+    if nd is not None and arch == "sm_90a":
+        import subprocess
+        sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+        assert "MEMBAR" not in sass and not re.search(r"\b(STL|LDL)\b", sass)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("K,nb,addend,prefix,pair,bm", [(768, 2, False, True, True, 1), (384, 8, True, True, True, 1),
                                                         (1536, 0, True, False, False, 1),
                                                         (768, 2, False, True, True, 2), (384, 8, True, True, True, 4),

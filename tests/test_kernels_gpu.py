@@ -120,17 +120,19 @@ def test_fused_residual_norm_matches_reference(M, nb, addend, prefix, fp32):
     assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
 
 
-@pytest.mark.parametrize("cl", [1, 4, 8])
+@pytest.mark.parametrize("cl,push", [(1, "0"), (4, "0"), (8, "0"), (4, "1"), (8, "1")])
 @pytest.mark.parametrize("M", [1, 3, 8])
 @pytest.mark.parametrize("nb,addend,prefix,fp32", [(3, False, True, False), (0, True, True, True),
                                                   (8, True, False, True)])
-def test_mix_norm_cluster_matches_reference(M, nb, addend, prefix, fp32, cl, monkeypatch):
-    """K3FUSE_MIXNORM_CLUSTER=cl (a cluster of cl CTAs per row; 1 = one CTA, 8 = the default): the fused residual norm against its reference,
+def test_mix_norm_cluster_matches_reference(M, nb, addend, prefix, fp32, cl, push, monkeypatch):
+    """K3FUSE_MIXNORM_CLUSTER=cl (a cluster of cl CTAs per row; 1 = one CTA, 8 = the default; push: the totals
+    st.async'd into the peers, K3FUSE_MIXNORM_PUSH=1): the fused residual norm against its reference,
     outputs poisoned, replayed in a CUDA graph under the PDL chain with fresh inputs."""
     from k3fuse import ops
     from k3fuse.codegen import compile as kcompile
     from k3fuse.codegen import fused_residual_norm as frn
     monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", str(cl))
+    monkeypatch.setenv("K3FUSE_MIXNORM_PUSH", push)
     monkeypatch.setenv("K3FUSE_FRN_ONE_KERNEL", "0")     # M = 1 too: the GEMV + this kernel, not the one launch
     kcompile.clear_memo()
     frn._built.clear()
@@ -151,10 +153,41 @@ def test_mix_norm_cluster_matches_reference(M, nb, addend, prefix, fp32, cl, mon
             assert rel(out, rn) < 1e-2 and rel(newp, rp) < 1e-2
         k = frn.build_mix_norm(H, nb, addend, prefix, True, fp32, 1e-5, 1e-5)
         assert (f"CL = {cl} " in k.source) if cl > 1 else ("CL =" not in k.source)     # 1: the one-CTA kernel
+        assert ("st_async_f32" in k.source) == (push == "1")
         graph_replays_poisoned(body, refill, [out, newp], check)
     finally:
         kcompile.clear_memo()
         frn._built.clear()
+
+
+@pytest.mark.parametrize("M,nb,addend,prefix,fp32", [(2, 3, False, True, False), (8, 0, True, True, True),
+                                                     (4, 8, True, False, True)])
+def test_mix_norm_push_is_bitwise_the_loads(M, nb, addend, prefix, fp32, monkeypatch):
+    """K3FUSE_MIXNORM_PUSH=1 sums the same totals in the same rank order as the loads between cluster barriers: both
+    outputs bitwise equal to the loads' (fresh NaN-poisoned outputs, clusters of 8)."""
+    from k3fuse.codegen import compile as kcompile
+    from k3fuse.codegen import fused_residual_norm as frn
+    monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", "8")
+    monkeypatch.setenv("K3FUSE_FRN_ONE_KERNEL", "0")
+    H = 7168
+    o, w_o, a, p, _, blocks, w_mix, norm_w = frn_inputs(M, nb, addend, prefix, K=768)
+    res = []
+    try:
+        for push in ("0", "1"):
+            monkeypatch.setenv("K3FUSE_MIXNORM_PUSH", push)
+            kcompile.clear_memo()
+            frn._built.clear()
+            out = torch.full((M, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+            newp = torch.full((M, H), float("nan"), device="cuda", dtype=torch.bfloat16)
+            frn.fused_residual_norm(o, w_o, a, p, blocks, w_mix, norm_w, 1e-5, 1e-5, "", fp32, out=out,
+                                    new_prefix=newp)
+            torch.cuda.synchronize()
+            res.append((out, newp))
+    finally:
+        kcompile.clear_memo()
+        frn._built.clear()
+    assert not torch.isnan(res[1][0].float()).any()
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], res[1][1])
 
 
 def frn_one_case(M, K, nb, addend, prefix, fp32, pair):
