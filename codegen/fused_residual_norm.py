@@ -36,11 +36,12 @@ def mixnorm_cluster() -> int:
 
 
 def mixnorm_push() -> bool:
-    """K3FUSE_MIXNORM_PUSH=1: the cluster variant's two gathers of the CTAs' totals by st.async into every peer's
-    shared memory, completing on its mbarriers (one relaxed cluster barrier for their init), instead of
+    """K3FUSE_MIXNORM_PUSH (default 1): the cluster variant's two gathers of the CTAs' totals by st.async into every
+    peer's shared memory, completing on its mbarriers (one relaxed cluster barrier for their init); 0:
     ld.shared::cluster between three cluster barriers (each arrive a MEMBAR.ALL.GPU in the SASS). The sums keep
-    their rank order: bitwise the same. Read when a kernel is rendered, like mixnorm_cluster()."""
-    return os.environ.get("K3FUSE_MIXNORM_PUSH", "0") == "1"
+    their rank order: bitwise the same. H200 paired A/Bs (PERF_NOTES "Session 27"): TP16 M = 2 KDA -0.71 us, MLA
+    -1.42, M = 8 KDA -0.78. Read when a kernel is rendered, like mixnorm_cluster()."""
+    return os.environ.get("K3FUSE_MIXNORM_PUSH", "1") != "0"
 
 
 def cluster_for(H: int, has_norm: bool, cl: int) -> int:

@@ -461,10 +461,10 @@ def main(argv: Optional[list[str]] = None) -> int:
         d["arch"] = a.arch
         kernels.append(d)
     from .cache import dsl_version
-    from .fused_residual_norm import mixnorm_cluster
+    from .fused_residual_norm import mixnorm_cluster, mixnorm_push
     from .render import pdl_chain
     manifest = dict(config=a.config, tp=a.tp, batch=batches, arch=a.arch, dsl_version=dsl_version(),
-                    pdl_chain=pdl_chain(), mixnorm_cluster=mixnorm_cluster(),
+                    pdl_chain=pdl_chain(), mixnorm_cluster=mixnorm_cluster(), mixnorm_push=mixnorm_push(),
                     tuning=tuning_info, kernels=kernels, skipped=skipped, failed=failed,
                     seconds=round(time.perf_counter() - t0, 2))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

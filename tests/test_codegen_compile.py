@@ -81,7 +81,9 @@ def test_fused_residual_norm_compiles(arch, nb, addend, prefix, fp32, pair):
 def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
     """K3FUSE_MIXNORM_CLUSTER=cl: one row per cluster of cl CTAs, the reductions summed over DSMEM (mapa +
     ld.shared::cluster) between cluster barriers; the PDL chain's wait still precedes every global access.
-    K3FUSE_MIXNORM_CLUSTER=1 renders the one-CTA kernel (no cluster code)."""
+    K3FUSE_MIXNORM_CLUSTER=1 renders the one-CTA kernel (no cluster code). The loads' variant
+    (K3FUSE_MIXNORM_PUSH=0; the pushes: the test above)."""
+    monkeypatch.setenv("K3FUSE_MIXNORM_PUSH", "0")
     monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", "1")
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
     src1 = frn.render_mixnorm(7168, nb, addend, prefix, True, True, 1e-5, 1e-5, wm_pair=True)
@@ -319,6 +321,7 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     from k3fuse.codegen import kernels_cli
     monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
     monkeypatch.delenv("K3FUSE_MIXNORM_CLUSTER", raising=False)
+    monkeypatch.delenv("K3FUSE_MIXNORM_PUSH", raising=False)
     out = tmp_path / "kout"
     rc = kernels_cli.main(["--config", "tiny", "--tp", "1", "--batch", "1,100", "--arch", "sm_90a",
                            "--out", str(out)])
@@ -327,6 +330,7 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     assert m["arch"] == "sm_90a" and m["config"] == "tiny"
     assert m["pdl_chain"] is True                      # the default: the layer's kernels launch as a PDL chain
     assert m["mixnorm_cluster"] == 8                   # the default: a mix-norm row on a cluster of 8 CTAs
+    assert m["mixnorm_push"] is True                   # ... gathering its totals by st.async
     fams = {k["family"] for k in m["kernels"]}
     # tiny's KDA head dim (16) has no kda_decode kernel: listed as skipped with the reason
     assert fams == {"gemv", "fused_residual_norm", "prefetch_l2", "moe_experts", "router_topk"}
