@@ -665,9 +665,9 @@ elif [ "$part" = s70 ]; then      # session 27: the per-head kernel's gathers by
     ab_run push_tp16_m1 170 --var K3FUSE_MLA_PUSH=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     K3FUSE_MLA_PUSH=1 ab_run push_heads_tp8_m1 170 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
     tar czf "$OUT/logs_s70.tgz" -C "$L" .
-elif [ "$part" = s75 ]; then      # session 27: the TP16 rows with both pushes the default (k3fuse and eager), M = 1, 2, 8;
+elif [ "$part" = s75 ]; then      # session 27: the TP16 rows with both pushes the default (k3fuse only), M = 1, 2, 8;
     # MLA M = 1 once more (s74's run had 6.4 us between graph and kernel time, session 26's 0.4)
-    timeout 300 python3 benchmarks/layer_bench.py --kinds kda,mla --tp 16 --ms 1,2,8 --top 14 --skip inductor \
+    timeout 300 python3 benchmarks/layer_bench.py --kinds kda,mla --tp 16 --ms 1,2,8 --top 14 --skip eager,inductor \
         --tag _s27_tp16_m128 --out "$OUT" > "$L/lb.txt" 2>&1
     echo "layer_bench tp16 m1,2,8 rc=$?" | tee -a "$S"; grep -E "^(kda|mla) |k3fuse .* kernels, " "$L/lb.txt" | tee -a "$S"
     timeout 100 python3 benchmarks/layer_bench.py --kinds mla --tp 16 --ms 1 --top 14 --skip eager,inductor \
