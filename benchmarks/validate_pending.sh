@@ -35,7 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s75            # the rows after session 27's pushes (TP16 M = 1, 2, 8)
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s75            # the rows after session 27's pushes (TP16 M = 1, 2)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s74            # K3FUSE_MIXNORM_PUSH: tests, memcheck, A/Bs; the MLA TP16 M = 1 row
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s73            # K3FUSE_MLA_PF2 (since removed: no gain): tests, A/Bs (TP16 M = 1, 2; TP8 M = 1 per head)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s72            # K3FUSE_MLA_WMAX (since removed: no gain): tests, A/Bs; the pushes at TP16 M = 2
@@ -665,12 +665,12 @@ elif [ "$part" = s70 ]; then      # session 27: the per-head kernel's gathers by
     ab_run push_tp16_m1 170 --var K3FUSE_MLA_PUSH=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     K3FUSE_MLA_PUSH=1 ab_run push_heads_tp8_m1 170 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
     tar czf "$OUT/logs_s70.tgz" -C "$L" .
-elif [ "$part" = s75 ]; then      # session 27: the TP16 rows with both pushes the default (k3fuse only), M = 1, 2, 8;
+elif [ "$part" = s75 ]; then      # session 27: the TP16 rows with both pushes the default (k3fuse only), M = 1, 2;
     # MLA M = 1 once more (s74's run had 6.4 us between graph and kernel time, session 26's 0.4)
-    timeout 300 python3 benchmarks/layer_bench.py --kinds kda,mla --tp 16 --ms 1,2,8 --top 14 --skip eager,inductor \
-        --tag _s27_tp16_m128 --out "$OUT" > "$L/lb.txt" 2>&1
-    echo "layer_bench tp16 m1,2,8 rc=$?" | tee -a "$S"; grep -E "^(kda|mla) |k3fuse .* kernels, " "$L/lb.txt" | tee -a "$S"
-    timeout 100 python3 benchmarks/layer_bench.py --kinds mla --tp 16 --ms 1 --top 14 --skip eager,inductor \
+    timeout 180 python3 benchmarks/layer_bench.py --kinds kda,mla --tp 16 --ms 1,2 --top 14 --skip eager,inductor \
+        --tag _s27_tp16_m12 --out "$OUT" > "$L/lb.txt" 2>&1
+    echo "layer_bench tp16 m1,2 rc=$?" | tee -a "$S"; grep -E "^(kda|mla) |k3fuse .* kernels, " "$L/lb.txt" | tee -a "$S"
+    timeout 80 python3 benchmarks/layer_bench.py --kinds mla --tp 16 --ms 1 --top 14 --skip eager,inductor \
         --tag _s27_mla_tp16_m1_again --out "$OUT" > "$L/lb2.txt" 2>&1
     echo "layer_bench mla tp16 m1 again rc=$?" | tee -a "$S"; grep -E "^mla |k3fuse .* kernels, " "$L/lb2.txt" | tee -a "$S"
     tar czf "$OUT/logs_s75.tgz" -C "$L" .
