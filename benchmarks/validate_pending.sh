@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s76            # the GPU tests after the DSMEM helpers moved to _dsmem.jinja
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s75            # the rows after session 27's pushes (TP16 M = 1, 2)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s74            # K3FUSE_MIXNORM_PUSH: tests, memcheck, A/Bs; the MLA TP16 M = 1 row
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s73            # K3FUSE_MLA_PF2 (since removed: no gain): tests, A/Bs (TP16 M = 1, 2; TP8 M = 1 per head)
@@ -665,6 +666,10 @@ elif [ "$part" = s70 ]; then      # session 27: the per-head kernel's gathers by
     ab_run push_tp16_m1 170 --var K3FUSE_MLA_PUSH=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     K3FUSE_MLA_PUSH=1 ab_run push_heads_tp8_m1 170 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
     tar czf "$OUT/logs_s70.tgz" -C "$L" .
+elif [ "$part" = s76 ]; then      # session 27: the per-head MLA and mix-norm GPU tests after templates/_dsmem.jinja
+    pytests heads 120 tests/test_mla_heads_gpu.py
+    pytests mixnorm 60 tests/test_kernels_gpu.py -k "mix_norm_cluster or mix_norm_push"
+    tar czf "$OUT/logs_s76.tgz" -C "$L" .
 elif [ "$part" = s75 ]; then      # session 27: the TP16 rows with both pushes the default (k3fuse only), M = 1, 2;
     # MLA M = 1 once more (s74's run had 6.4 us between graph and kernel time, session 26's 0.4)
     timeout 180 python3 benchmarks/layer_bench.py --kinds kda,mla --tp 16 --ms 1,2 --top 14 --skip eager,inductor \
