@@ -75,6 +75,19 @@ def test_fused_residual_norm_compiles(arch, nb, addend, prefix, fp32, pair):
     assert "st.global.v4.b32" in ptx
 
 
+def _fresh_mix_norm(nb, addend, prefix, arch):
+    """The mix-norm kernel (H = 7168, the norm fused in fp32, w_mix as a pair) built with the knobs of the moment:
+    the memos cleared before and after (the cluster knobs are read when rendering, not part of the memo key)."""
+    kcompile.clear_memo()
+    frn._built.clear()
+    try:
+        return frn.build_mix_norm(7168, nb, addend, prefix, True, True, 1e-5, 1e-5, arch=arch, load=False,
+                                  wm_pair=True)
+    finally:
+        kcompile.clear_memo()
+        frn._built.clear()
+
+
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("cl,nb,addend,prefix", [(4, 3, False, True), (8, 8, True, True), (4, 0, True, False),
                                                   (7, 2, False, True)])
@@ -89,13 +102,7 @@ def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
     src1 = frn.render_mixnorm(7168, nb, addend, prefix, True, True, 1e-5, 1e-5, wm_pair=True)
     assert "CL =" not in src1 and "cluster" not in src1.split('"""')[-1]
     monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", str(cl))
-    kcompile.clear_memo()
-    frn._built.clear()
-    try:
-        k = frn.build_mix_norm(7168, nb, addend, prefix, True, True, 1e-5, 1e-5, arch=arch, load=False, wm_pair=True)
-    finally:
-        kcompile.clear_memo()
-        frn._built.clear()
+    k = _fresh_mix_norm(nb, addend, prefix, arch)
     assert f"CL = {cl} " in k.source and f"cluster=[CL, 1, 1]" in k.source
     ptx = ptx_of(k)
     reads = ptx.count("ld.shared::cluster")
@@ -127,13 +134,7 @@ def test_mix_norm_push_compiles(arch, cl, nb, monkeypatch):
     monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", str(cl))
     monkeypatch.setenv("K3FUSE_MIXNORM_PUSH", "1")
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
-    kcompile.clear_memo()
-    frn._built.clear()
-    try:
-        k = frn.build_mix_norm(7168, nb, True, True, True, True, 1e-5, 1e-5, arch=arch, load=False, wm_pair=True)
-    finally:
-        kcompile.clear_memo()
-        frn._built.clear()
+    k = _fresh_mix_norm(nb, True, True, arch)
     ptx = ptx_of(k)
     assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32") == cl * (2 if nb > 0 else 1)
     assert "ld.shared::cluster" not in ptx and ptx.count("mbarrier.init") == 2
