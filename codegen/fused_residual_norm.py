@@ -28,7 +28,7 @@ def mixnorm_cluster() -> int:
     reductions summed over distributed shared memory, so C SMs load the row's source rows (one SM's load bandwidth
     bounded the one-CTA kernel, C = 1). Measured on the H200 (session 9, benchmarks/mixnorm_bench.py, M = 1):
     3.96 -> 3.02 us at 3 blocks, 8.76 -> 3.74 us at 8; the layer 0.4-3 us faster than C = 1. Read when a kernel is
-    rendered, like render.pdl_chain(): fixed per process (call codegen.compile.clear_memo() after changing it)."""
+    rendered (and part of build_mix_norm's memo key)."""
     c = int(os.environ.get("K3FUSE_MIXNORM_CLUSTER", "8") or 8)
     if not 1 <= c <= 8:
         raise ValueError(f"K3FUSE_MIXNORM_CLUSTER={c}: a cluster of 1..8 CTAs")
@@ -40,7 +40,7 @@ def mixnorm_push() -> bool:
     peer's shared memory, completing on its mbarriers (one relaxed cluster barrier for their init); 0:
     ld.shared::cluster between three cluster barriers (each arrive a MEMBAR.ALL.GPU in the SASS). The sums keep
     their rank order: bitwise the same. H200 paired A/Bs (PERF_NOTES "Session 27"): TP16 M = 2 KDA -0.71 us, MLA
-    -1.42, M = 8 KDA -0.78. Read when a kernel is rendered, like mixnorm_cluster()."""
+    -1.42, M = 8 KDA -0.78. Read when a kernel is rendered, like mixnorm_cluster() (also in the memo key)."""
     return os.environ.get("K3FUSE_MIXNORM_PUSH", "1") != "0"
 
 
@@ -101,7 +101,7 @@ def build_mix_norm(H, nb, has_addend=False, has_prefix=True, has_norm=True, fp32
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = (H, nb, bool(has_addend), bool(has_prefix), bool(has_norm), bool(fp32_norm), float(mix_eps),
-            float(norm_eps), arch, load, bool(wm_pair))
+            float(norm_eps), arch, load, bool(wm_pair), mixnorm_cluster(), mixnorm_push())
     if memo in _built:
         return _built[memo]
     src = render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps, wm_pair)
