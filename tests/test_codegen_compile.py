@@ -136,7 +136,7 @@ def test_mix_norm_push_compiles(arch, cl, nb, monkeypatch):
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "1")
     k = _fresh_mix_norm(nb, True, True, arch)
     ptx = ptx_of(k)
-    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32") == cl * (2 if nb > 0 else 1)
+    assert ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32") == cl * (2 if nb > 0 else 1)
     assert "ld.shared::cluster" not in ptx and ptx.count("mbarrier.init") == 2
     assert ptx.count("barrier.cluster.arrive") == 1 == ptx.count("barrier.cluster.arrive.relaxed")
     assert ptx.count("barrier.cluster.wait") == 1

@@ -53,7 +53,7 @@ def test_heads_matches_reference(M, T, seq_lens, h, cl, push, seed, monkeypatch)
 def test_heads_push_is_bitwise_the_loads(cl, M, h, T, seq_lens, seed, monkeypatch):
     """The gathers by st.async (K3FUSE_MLA_PUSH=1, the default) sum and merge the same values in the same rank order
     as the loads between cluster barriers (K3FUSE_MLA_PUSH=0): the outputs are bitwise equal (and match the
-    reference; T = 40: one tile per split, empty splits); fresh NaN-poisoned outputs."""
+    reference; T = 40: a cluster of 2, one tile per split); fresh NaN-poisoned outputs."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     args = inputs(M, h, T, seq_lens)

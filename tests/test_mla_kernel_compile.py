@@ -676,7 +676,7 @@ def test_mla_heads_push_kernel_compiles(arch, h, cl, qb, monkeypatch, isolated_k
     assert count(body, r"barrier\.cluster\.arrive") == 1 == count(body, r"barrier\.cluster\.arrive\.relaxed")
     assert count(body, r"barrier\.cluster\.wait") == 1
     per = 2 * (K3["C"] // ma.THREADS) + 2 + 2 * cl + (cl if qb else 0)
-    assert count(body, r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.f32") == per
+    assert count(body, r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.b32") == per
     from test_codegen_compile import _nvdisasm
     nd = _nvdisasm()
     if nd is not None and arch == "sm_90a":
