@@ -622,6 +622,7 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
                 CL=int(cl), QB=qb is not None, QL=int(qb[0]) if qb else 0, QEPS=repr(float(qb[1])) if qb else None,
                 **({"STAMPS": True} if stamps_on() and cl > 1 else {}),     # absent when off: the same source
                 **({"PUSH": True} if push_on() and cl > 1 else {}),
+                **({"MMA": True} if heads_mma_on() and heads_mma_supports(r, C) is None else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -641,6 +642,22 @@ def push_on() -> bool:
     return os.environ.get("K3FUSE_MLA_PUSH", "1") != "0"
 
 
+def heads_mma_on() -> bool:
+    """K3FUSE_MLA_HEADS_MMA (default 0): the per-head kernel's tiles on tensor cores (score and PV as m16n8k16 MMAs,
+    the rows' registers transposed by movmatrix), where heads_mma_supports allows; else on CUDA cores in fp32. Read
+    when a kernel is rendered."""
+    return os.environ.get("K3FUSE_MLA_HEADS_MMA", "0") != "0"
+
+
+def heads_mma_supports(r: int, C: int) -> Optional[str]:
+    """None if the tensor-core tiles cover these widths: 8 warps as 2 token blocks of 16 x 4 groups of latent
+    32-column steps, rope in 32-column steps; else why not."""
+    ndg = THREADS // 32 // 2
+    if HEADS_TT != 32 or C % (32 * ndg) or r % 32:
+        return f"C = {C} / r = {r}: the MMA tiles need C a multiple of {32 * ndg}, r of 32 (tiles of 32 tokens)"
+    return None
+
+
 STAMP_BUFS = collections.deque(maxlen=64)   # the partials buffers of the last launches with stamps, oldest first
 
 
@@ -654,7 +671,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on())
+            int(cl), qb, stamps_on(), push_on(), heads_mma_on())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
@@ -666,6 +683,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
                 template=HEADS_TEMPLATE, config=dict(variant="heads", tt=HEADS_TT, threads=THREADS,
                                                      q=_dtname(q_dtype), scale=float(scale), append_eps=eps,
                                                      gate=bool(gate), out=_dtname(out_dtype), cluster=int(cl),
+                                                     mma=heads_mma_on() and heads_mma_supports(r, C) is None,
                                                      **(dict(q_eps=qb[1]) if qb else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k

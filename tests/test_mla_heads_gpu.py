@@ -1,8 +1,9 @@
 """The per-head MLA kernel (templates/mla_attention_heads.py.jinja, codegen/mla_attention.py heads variant) on a GPU:
 o against the ops.py reference on fresh random inputs with garbage (nan, inf, huge values) in the cache rows past
 seq_lens, outputs poisoned with NaN, rel err < 1e-2; M in 1-3, h in 6 / 12, ragged seq_lens, split counts from 1 to
-64 (empty splits included); the append + gate variant; replays in a CUDA graph (the arrival counters re-arm).
-Skipped without CUDA."""
+64 (empty splits included); the append + gate variant; replays in a CUDA graph (the arrival counters re-arm). The
+tiles on CUDA cores and on tensor cores (K3FUSE_MLA_HEADS_MMA), the latter also within 1e-4 of the former (its
+high / low halves keep fp32's precision). Skipped without CUDA."""
 import pytest
 import torch
 
@@ -31,15 +32,18 @@ CASES = [(1, 1024, [1023]), (1, 1000, [517]), (1, 7, [0]), (2, 300, [299, 31]), 
 
 @pytest.mark.parametrize("M,T,seq_lens", CASES)
 @pytest.mark.parametrize("h", [6, 12])
-@pytest.mark.parametrize("cl,push", [("16", "0"), ("8", "0"), ("1", "0"), ("16", "1"), ("8", "1")])
-def test_heads_matches_reference(M, T, seq_lens, h, cl, push, seed, monkeypatch):
+@pytest.mark.parametrize("cl,push,mma", [("16", "0", "0"), ("8", "0", "0"), ("1", "0", "0"), ("16", "1", "0"),
+                                         ("8", "1", "0"), ("16", "1", "1"), ("8", "1", "1"), ("8", "0", "1"),
+                                         ("1", "0", "1")])
+def test_heads_matches_reference(M, T, seq_lens, h, cl, push, mma, seed, monkeypatch):
     """With a cluster of the splits (the default: each CTA its share of the weight rows, merged in distributed
     shared memory; 16: Hopper's non-portable cluster size, where one wave allows it; push: the gathers by st.async
     into the owners, K3FUSE_MLA_PUSH=1) and without (K3FUSE_MLA_HEADS_CL=1: whole rows per CTA, merged by
-    counters)."""
+    counters); the tiles on CUDA cores or tensor cores (mma)."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     monkeypatch.setenv("K3FUSE_MLA_PUSH", push)
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", mma)
     args = inputs(M, h, T, seq_lens)
     assert ma.heads_reason(M, h, N, V, R, C, 132) is None
     o = run_heads(args)
@@ -47,15 +51,16 @@ def test_heads_matches_reference(M, T, seq_lens, h, cl, push, seed, monkeypatch)
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
 
-@pytest.mark.parametrize("cl", ["16", "8"])
+@pytest.mark.parametrize("cl,mma", [("16", "0"), ("8", "0"), ("16", "1"), ("8", "1")])
 @pytest.mark.parametrize("M,h,T,seq_lens", [(1, 6, 1024, [1023]), (2, 6, 300, [299, 31]), (1, 12, 4000, [2500]),
                                             (1, 6, 40, [39])])
-def test_heads_push_is_bitwise_the_loads(cl, M, h, T, seq_lens, seed, monkeypatch):
+def test_heads_push_is_bitwise_the_loads(cl, mma, M, h, T, seq_lens, seed, monkeypatch):
     """The gathers by st.async (K3FUSE_MLA_PUSH=1, the default) sum and merge the same values in the same rank order
     as the loads between cluster barriers (K3FUSE_MLA_PUSH=0): the outputs are bitwise equal (and match the
     reference; T = 40: a cluster of 2, one tile per split); fresh NaN-poisoned outputs."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", mma)
     args = inputs(M, h, T, seq_lens)
     outs = []
     for push in ("0", "1"):
@@ -68,10 +73,12 @@ def test_heads_push_is_bitwise_the_loads(cl, M, h, T, seq_lens, seed, monkeypatc
     assert rel(outs[1], reference(*args, SCALE)) < 1e-2
 
 
+@pytest.mark.parametrize("mma", ["0", "1"])
 @pytest.mark.parametrize("n_split", [1, 2, 4, 5, 8, 12, 33, 64])
-def test_heads_split_counts(n_split, seed):
+def test_heads_split_counts(n_split, mma, seed, monkeypatch):
     """Any split count 1..HEADS_MAX_NS (2, 4, 8: one cluster merging in distributed shared memory; the others:
     counters): splits past seq_lens are empty (max -inf, sum 0) and drop out of the merge."""
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", mma)
     args = inputs(2, 6, 1000, [999, 40])
     o = run_heads(args, n_split)
     torch.cuda.synchronize()
@@ -81,14 +88,38 @@ def test_heads_split_counts(n_split, seed):
 @pytest.mark.parametrize("M,T,seq_lens", [(1, 4096, [4095]), (1, 2000, [1234]), (2, 64, [0, 63]),
                                           (3, 1000, [999, 5, 512])])
 @pytest.mark.parametrize("h,gated", [(12, True), (6, True), (6, False)])
-def test_heads_append_gate_matches_reference(M, T, seq_lens, h, gated, seed):
+@pytest.mark.parametrize("mma", ["0", "1"])
+def test_heads_append_gate_matches_reference(M, T, seq_lens, h, gated, mma, seed, monkeypatch):
     """The append variant: the new rows written at seq_lens (within one rounding of the reference's norm, every other
     row bitwise untouched), o gated in bf16 (or fp32 ungated) within 1e-2 of the reference on a clean copy."""
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", mma)
     check_append(M, T, seq_lens, h, gated, heads=True)
 
 
-@pytest.mark.parametrize("cl,push", [("16", "0"), ("8", "0"), ("1", "0"), ("16", "1")])
-def test_heads_op_in_a_cuda_graph(cl, push, seed, monkeypatch):
+@pytest.mark.parametrize("cl", ["16", "8", "1"])
+@pytest.mark.parametrize("M,T,seq_lens", CASES)
+@pytest.mark.parametrize("h", [6, 12])
+def test_heads_mma_matches_the_cuda_cores(M, T, seq_lens, h, cl, seed, monkeypatch):
+    """The tiles on tensor cores (K3FUSE_MLA_HEADS_MMA=1: the query's and p's bf16 high and low halves as two MMA
+    columns, fp32 accumulators) give the fp32 CUDA-core tiles' o within 1e-4 (a bf16 query or p alone: ~1e-3);
+    fresh NaN-poisoned outputs, garbage in the cache rows past seq_lens."""
+    from k3fuse.codegen import mla_attention as ma
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
+    args = inputs(M, h, T, seq_lens)
+    outs = []
+    for mma in ("0", "1"):
+        monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", mma)
+        assert ma.heads_mma_on() == (mma == "1")
+        outs.append(run_heads(args))
+    torch.cuda.synchronize()
+    assert not torch.isnan(outs[1]).any()
+    assert rel(outs[1], outs[0]) < 1e-4
+    assert not torch.equal(outs[0], outs[1])                  # two different kernels ran
+
+
+@pytest.mark.parametrize("cl,push,mma", [("16", "0", "0"), ("8", "0", "0"), ("1", "0", "0"), ("16", "1", "0"),
+                                         ("16", "1", "1"), ("1", "0", "1")])
+def test_heads_op_in_a_cuda_graph(cl, push, mma, seed, monkeypatch):
     """k3fuse::mla_append_attention_ through the dispatcher with K3FUSE_MLA_HEADS=1, two launches of different
     (M, h) in one CUDA graph, replayed with new ckv / seq_lens / q: every replay matches the reference; without
     clusters (K3FUSE_MLA_HEADS_CL=1, where the splits merge by the arrival counters) the counters are back at zero."""
@@ -98,6 +129,7 @@ def test_heads_op_in_a_cuda_graph(cl, push, seed, monkeypatch):
     monkeypatch.setenv("K3FUSE_MLA_HEADS", "1")
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     monkeypatch.setenv("K3FUSE_MLA_PUSH", push)
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", mma)
     registry.register()
     launched = []
     real = ma._launch_heads
@@ -170,9 +202,10 @@ def qb_reference(cq, qw, w_qb, ckv, nw, cache, kv_b, sl, gate, h):
     return o * torch.sigmoid(gate.float().view(o.shape))
 
 
-@pytest.mark.parametrize("cl,push", [("16", "0"), ("8", "0"), ("16", "1"), ("8", "1")])
+@pytest.mark.parametrize("cl,push,mma", [("16", "0", "0"), ("8", "0", "0"), ("16", "1", "0"), ("8", "1", "0"),
+                                         ("16", "1", "1"), ("8", "1", "1")])
 @pytest.mark.parametrize("M,T,seq_lens", [(1, 1024, [1023]), (1, 2000, [1234]), (2, 300, [299, 31])])
-def test_qb_op_matches_reference(cl, push, M, T, seq_lens, seed, monkeypatch):
+def test_qb_op_matches_reference(cl, push, mma, M, T, seq_lens, seed, monkeypatch):
     """k3fuse::mla_qb_append_attention_ through the dispatcher with K3FUSE_MLA_HEADS=1 (pass
     fuse_q_b_into_mla_attention's op): the per-head kernel computing q itself (the launcher got q_b's operands),
     captured in a CUDA graph and replayed with new cq / ckv / seq_lens: every replay's o (NaN-poisoned before) within
@@ -183,6 +216,7 @@ def test_qb_op_matches_reference(cl, push, M, T, seq_lens, seed, monkeypatch):
     monkeypatch.setenv("K3FUSE_MLA_HEADS", "1")
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     monkeypatch.setenv("K3FUSE_MLA_PUSH", push)
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", mma)
     registry.register()
     launched = []
     real = ma._launch_heads

@@ -685,6 +685,40 @@ def test_mla_heads_push_kernel_compiles(arch, h, cl, qb, monkeypatch, isolated_k
         assert "MEMBAR" not in sass and not re.search(r"\b(STL|LDL)\b", sass)
 
 
+@pytest.mark.parametrize("arch,h,cl,qb", [("sm_90a", 6, 16, True), ("sm_100a", 12, 8, False), ("sm_90a", 12, 1, False)])
+def test_mla_heads_mma_kernel_compiles(arch, h, cl, qb, monkeypatch, isolated_kernel_cache):
+    """K3FUSE_MLA_HEADS_MMA=1: the tiles on tensor cores, two tiles per loop iteration (the register buffers swap
+    roles). Per tile: the score's 2 MMAs per 32-column step of a warp's slots (4 latent + 1 rope; the rope slot's
+    behind a warp-uniform branch) and PV's 2 per latent step, each of PV's A registers transposed by one movmatrix
+    (4 per MMA). No local memory (SASS too: HMMA / MOVM as counted, no STL / LDL). Off, the source has none of it;
+    widths the warp mapping does not cover keep the CUDA-core tiles."""
+    pytest.importorskip("cutlass")
+    kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16", **(dict(qb=(1536, 1e-6)) if qb else {}))
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", "0")
+    off = ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(h, **K3, scale=SCALE, cl=cl, append_eps=1e-6, gate=True,
+                                                         out_dtype="bfloat16", qb=kw.get("qb")))
+    assert "movm_t" not in off and "mma_16816" not in off
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", "1")
+    assert ma.heads_mma_supports(64, 512) is None and ma.heads_mma_supports(32, 512) is None
+    assert ma.heads_mma_supports(64, 448) and ma.heads_mma_supports(48, 512)
+    k = ma.build_heads(h, **K3, scale=SCALE, arch=arch, load=False, cl=cl, **kw)
+    assert "movm_t" in k.source and "NDG = " in k.source
+    body = entries(open(k.files["kernel.ptx"]).read())["heads_kernel"]
+    assert "ld.local" not in body and "st.local" not in body
+    ls = K3["C"] // 32 // 4
+    per_tile = 2 * (ls + 1) + 2 * ls
+    assert count(body, r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == 2 * per_tile
+    assert count(body, r"movmatrix\.sync\.aligned\.m8n8\.trans\.b16") == 2 * 4 * 2 * ls
+    from test_codegen_compile import _nvdisasm
+    nd = _nvdisasm()
+    if nd is not None and arch == "sm_90a":
+        import subprocess
+        sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+        assert len(re.findall(r"\bHMMA\.16816\.F32\.BF16\b", sass)) == 2 * per_tile
+        assert len(re.findall(r"\bMOVM\b", sass)) == 2 * 4 * 2 * ls
+        assert not re.search(r"\b(STL|LDL)\b", sass)
+
+
 def test_mla_heads_qb_supports():
     """W_qb's rows split over the cluster: 16 + 8 rows of 1536 per CTA at 8, 8 + 4 at 16; not without a cluster,
     and not at 4 or 2 (48 / 96 rows of 3 KB do not fit next to W_UK / W_UV's rows)."""
