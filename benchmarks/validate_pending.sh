@@ -35,7 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s78            # the MMA tiles: stamps, A/Bs at TP8 M = 1 and TP16 M = 2, the rest of the GPU tests
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s78            # the MMA tiles: stamps, per head at TP8 M = 1, MMA at TP16 M = 2, mix-norm tests
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s77            # K3FUSE_MLA_HEADS_MMA (the per-head tiles on tensor cores): tests, memcheck, A/B TP16 M = 1
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s76            # the GPU tests after the DSMEM helpers moved to _dsmem.jinja
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s75            # the rows after session 27's pushes (TP16 M = 1, 2)
@@ -676,15 +676,12 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
-elif [ "$part" = s78 ]; then      # session 28: the MMA tiles' stamps (TP16 M = 1, clusters of 16 and 8), the A/Bs per head
-    # at TP8 M = 1 (MMA on / off; per head with MMA against the three launches) and TP16 M = 2, the mix-norm tests
-    for mma in 0 1; do
-        K3FUSE_MLA_HEADS_MMA=$mma timeout 100 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16,8 \
-            --qb 1 > "$L/timeline_mma$mma.txt" 2>&1
-        echo "mla_timeline MMA=$mma rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline_mma$mma.txt" | tail -40 | tee -a "$S"
-        cp "$L/mla_timeline.json" "$OUT/mla_timeline_mma$mma.json" 2>/dev/null
-    done
-    K3FUSE_MLA_HEADS=1 ab_run mma_heads_tp8_m1 150 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
+elif [ "$part" = s78 ]; then      # session 28: the MMA tiles' stamps (TP16 M = 1, clusters of 16 and 8), per head with
+    # MMA against the three launches at TP8 M = 1, MMA on / off at TP16 M = 2 (per head there), the mix-norm tests
+    K3FUSE_MLA_HEADS_MMA=1 timeout 100 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16,8 --qb 1 \
+        > "$L/timeline_mma1.txt" 2>&1
+    echo "mla_timeline MMA=1 rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline_mma1.txt" | tail -40 | tee -a "$S"
+    cp "$L/mla_timeline.json" "$OUT/mla_timeline_mma1.json" 2>/dev/null
     K3FUSE_MLA_HEADS_MMA=1 ab_run heads_mma_tp8_m1 150 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
     ab_run mma_tp16_m2 130 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 2 --pairs 16
     pytests mixnorm 60 tests/test_kernels_gpu.py -k "mix_norm_cluster or mix_norm_push"

@@ -114,7 +114,8 @@ def test_heads_mma_matches_the_cuda_cores(M, T, seq_lens, h, cl, seed, monkeypat
     torch.cuda.synchronize()
     assert not torch.isnan(outs[1]).any()
     assert rel(outs[1], outs[0]) < 1e-4
-    assert not torch.equal(outs[0], outs[1])                  # two different kernels ran
+    if max(seq_lens) > 0:                                     # (one token: o is its row in both)
+        assert not torch.equal(outs[0], outs[1])              # two different kernels ran
 
 
 @pytest.mark.parametrize("cl,push,mma", [("16", "0", "0"), ("8", "0", "0"), ("1", "0", "0"), ("16", "1", "0"),
