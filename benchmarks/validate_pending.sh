@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s79            # K3FUSE_MLA_HEADS_PF=2 (MMA tiles' loads two ahead): tests, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s78            # the MMA tiles: stamps, per head at TP8 M = 1, MMA at TP16 M = 2, mix-norm tests
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s77            # K3FUSE_MLA_HEADS_MMA (the per-head tiles on tensor cores): tests, memcheck, A/B TP16 M = 1
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s76            # the GPU tests after the DSMEM helpers moved to _dsmem.jinja
@@ -676,6 +677,12 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s79 ]; then      # session 28: the MMA tiles' loads two tiles ahead (K3FUSE_MLA_HEADS_PF=2): tests, A/Bs
+    K3FUSE_MLA_HEADS_PF=2 pytests pf2 150 tests/test_mla_heads_gpu.py -k "mma_matches or bitwise or (append and 1-)"
+    ab_run pf2_tp16_m1 130 --var K3FUSE_MLA_HEADS_PF=1,2 --kinds mla --tp 16 --ms 1 --pairs 16
+    K3FUSE_MLA_HEADS=1 ab_run pf2_heads_tp8_m1 130 --var K3FUSE_MLA_HEADS_PF=1,2 --kinds mla --tp 8 --ms 1 --pairs 16
+    ab_run pf2_tp16_m2 120 --var K3FUSE_MLA_HEADS_PF=1,2 --kinds mla --tp 16 --ms 2 --pairs 16
+    tar czf "$OUT/logs_s79.tgz" -C "$L" .
 elif [ "$part" = s78 ]; then      # session 28: the MMA tiles' stamps (TP16 M = 1, clusters of 16 and 8), per head with
     # MMA against the three launches at TP8 M = 1, MMA on / off at TP16 M = 2 (per head there), the mix-norm tests
     K3FUSE_MLA_HEADS_MMA=1 timeout 100 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16,8 --qb 1 \

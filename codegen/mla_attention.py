@@ -623,6 +623,7 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
                 **({"STAMPS": True} if stamps_on() and cl > 1 else {}),     # absent when off: the same source
                 **({"PUSH": True} if push_on() and cl > 1 else {}),
                 **({"MMA": True} if heads_mma_on() and heads_mma_supports(r, C) is None else {}),
+                **({"PF": heads_pf()} if heads_pf() != 1 else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -643,10 +644,21 @@ def push_on() -> bool:
 
 
 def heads_mma_on() -> bool:
-    """K3FUSE_MLA_HEADS_MMA (default 0): the per-head kernel's tiles on tensor cores (score and PV as m16n8k16 MMAs,
-    the rows' registers transposed by movmatrix), where heads_mma_supports allows; else on CUDA cores in fp32. Read
-    when a kernel is rendered."""
-    return os.environ.get("K3FUSE_MLA_HEADS_MMA", "0") != "0"
+    """K3FUSE_MLA_HEADS_MMA (default 1): the per-head kernel's tiles on tensor cores (score and PV as m16n8k16 MMAs
+    with the query's and p's bf16 high / low halves as two B columns, the rows' registers transposed by movmatrix for
+    PV), where heads_mma_supports allows; 0: on CUDA cores in fp32. H200, 2026-12-03 (RESULTS.md "Session 28", 16
+    ABBA pairs): TP16 M = 1 -1.64 us [-2.36, -0.91] per MLA layer, 16 / 16 faster; TP16 M = 2 -1.64 [-3.48, -0.66],
+    13 / 16. Read when a kernel is rendered."""
+    return os.environ.get("K3FUSE_MLA_HEADS_MMA", "1") != "0"
+
+
+def heads_pf() -> int:
+    """K3FUSE_MLA_HEADS_PF (1 or 2, default 1): with the MMA tiles, how many tiles ahead the per-head kernel loads its
+    cache rows (2: three register buffers, the second tile's loads before the q phase). Read when rendered."""
+    v = int(os.environ.get("K3FUSE_MLA_HEADS_PF", "1") or 1)
+    if v not in (1, 2):
+        raise ValueError(f"K3FUSE_MLA_HEADS_PF={v}: 1 or 2")
+    return v
 
 
 def heads_mma_supports(r: int, C: int) -> Optional[str]:
@@ -671,7 +683,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on(), heads_mma_on())
+            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), heads_pf())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
