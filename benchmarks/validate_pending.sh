@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s80            # the MMA tile's inner stamps; K3FUSE_MLA_TILE2: tests, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s79            # K3FUSE_MLA_HEADS_PF=2 (since removed: no gain): tests, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s78            # the MMA tiles: stamps, per head at TP8 M = 1, MMA at TP16 M = 2, mix-norm tests
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s77            # K3FUSE_MLA_HEADS_MMA (the per-head tiles on tensor cores): tests, memcheck, A/B TP16 M = 1
@@ -677,6 +678,18 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s80 ]; then      # session 28: the MMA tile's phases (stamps inside the first tile) and K3FUSE_MLA_TILE2
+    # (two score chains, the softmax in every warp: one CTA barrier fewer per tile): tests, stamps both ways, A/Bs
+    K3FUSE_MLA_TILE2=1 pytests tile2 150 tests/test_mla_heads_gpu.py -k "mma_matches or bitwise or (append and 1-)"
+    for t2 in 0 1; do
+        K3FUSE_MLA_TILE2=$t2 timeout 80 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16 --qb 1 \
+            > "$L/timeline_t2$t2.txt" 2>&1
+        echo "mla_timeline TILE2=$t2 rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline_t2$t2.txt" | tail -18 | tee -a "$S"
+        cp "$L/mla_timeline.json" "$OUT/mla_timeline_tile2_$t2.json" 2>/dev/null
+    done
+    ab_run tile2_tp16_m1 130 --var K3FUSE_MLA_TILE2=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
+    K3FUSE_MLA_HEADS=1 ab_run tile2_heads_tp8_m1 130 --var K3FUSE_MLA_TILE2=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
+    tar czf "$OUT/logs_s80.tgz" -C "$L" .
 elif [ "$part" = s79 ]; then      # session 28: the MMA tiles' loads two tiles ahead (K3FUSE_MLA_HEADS_PF=2): tests, A/Bs
     K3FUSE_MLA_HEADS_PF=2 pytests pf2 150 tests/test_mla_heads_gpu.py -k "mma_matches or bitwise or (append and 1-)"
     ab_run pf2_tp16_m1 130 --var K3FUSE_MLA_HEADS_PF=1,2 --kinds mla --tp 16 --ms 1 --pairs 16

@@ -32,13 +32,15 @@ def test_stamps_only_where_asked(monkeypatch, qb):
     assert "sreg_bits_f32" not in off and "STAMPS" not in off
     on = _src(monkeypatch, True, 8, qb)
     slots = sorted(int(k) for k in re.findall(r'mOp\[m, split, hd, (\d+)\] = sreg_bits_f32\("%globaltimer_lo"\)', on))
-    assert slots == list(range(len(mla_timeline.PHASES)))
+    # the 13 phases and, with the MMA tiles (the default), 3 inside the first tile
+    assert slots == list(range(len(mla_timeline.PHASES))) + [t[0] for t in mla_timeline.TILE_PHASES]
     clocks = sorted(int(k) for k in re.findall(r'mOp\[m, split, hd, (\d+)\] = sreg_bits_f32\("%clock"\)', on))
     assert clocks == [mla_timeline.CLK0 + k for k in slots]
     # without the stamp lines the two sources are the same kernel
     strip = lambda s: [ln for ln in s.splitlines() if "sreg_bits_f32" not in ln and "if tidx == 0:" not in ln
-                       and not ln.startswith("# params")]
-    body_on = on[:on.index("@dsl_user_op\ndef sreg_bits_f32")] + on[on.index("@cute.kernel"):]
+                       and "== t_begin:" not in ln and not ln.startswith("# params")]
+    a = on.index("@dsl_user_op\ndef sreg_bits_f32")
+    body_on = on[:a] + on[on.index("\n\n\n", a) + 3:]             # without the stamp helper
     assert strip(body_on) == strip(off)
     assert "sreg_bits_f32" not in _src(monkeypatch, True, 1)
 
@@ -49,7 +51,8 @@ def test_stamped_kernel_compiles(monkeypatch, isolated_kernel_cache):
     k = ma.build_heads(6, **K3, scale=SCALE, arch="sm_90a", load=False, cl=8, append_eps=1e-6, gate=True,
                        out_dtype="bfloat16", qb=(1536, 1e-6))
     ptx = open(k.files["kernel.ptx"]).read()
-    assert ptx.count("%globaltimer_lo") == 13 and ptx.count("%clock;") == 13
+    n = len(mla_timeline.PHASES) + len(mla_timeline.TILE_PHASES)      # 13 + 3 in the first (MMA) tile
+    assert ptx.count("%globaltimer_lo") == n and ptx.count("%clock;") == n
 
 
 def test_summarize_reads_a_launch():
@@ -58,13 +61,15 @@ def test_summarize_reads_a_launch():
     buf = torch.zeros(1, 2, 1, 128, dtype=torch.int32)
     base = (1 << 32) - 500                       # 0.5 us before the wrap
     for cta, start in ((0, base), (1, base + 1000)):
-        for k in range(n):
+        for k in list(range(n)) + [t[0] for t in mla_timeline.TILE_PHASES]:
             buf[0, cta, 0, k] = torch.tensor((start + 1000 * k) % (1 << 32), dtype=torch.int64).to(torch.int32)
             buf[0, cta, 0, mla_timeline.CLK0 + k] = torch.tensor((7 + 2000 * k * (cta + 1)) % (1 << 32)).to(torch.int32)
     r = mla_timeline.summarize(buf.view(torch.float32))
     assert r["ctas"] == 2
     p = r["phases"]
-    assert [x["name"] for x in p] == list(mla_timeline.PHASES)
+    assert [x["name"] for x in p] == list(mla_timeline.PHASES) + [t[1] for t in mla_timeline.TILE_PHASES]
     assert p[0]["first_us"] == 0.0 and p[0]["last_us"] == 1.0
     assert p[3]["first_us"] == 3.0 and p[3]["last_us"] == 4.0          # across the wrap
     assert p[0]["clocks"] == 0 and p[5]["clocks"] == 2000               # torch's median of two: the lower
+    # the first tile's phases count from their own reference phase (13 from 5, 14 from 13, 15 from 14)
+    assert [x["clocks"] for x in p[n:]] == [2000 * 8, 2000, 2000] and p[n]["first_us"] == 13.0
