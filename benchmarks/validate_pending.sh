@@ -35,7 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s80            # the MMA tile's inner stamps; K3FUSE_MLA_TILE2: tests, A/Bs
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s80            # the MMA tile's inner stamps; K3FUSE_MLA_TILE2 (since removed: no gain): tests, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s79            # K3FUSE_MLA_HEADS_PF=2 (since removed: no gain): tests, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s78            # the MMA tiles: stamps, per head at TP8 M = 1, MMA at TP16 M = 2, mix-norm tests
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s77            # K3FUSE_MLA_HEADS_MMA (the per-head tiles on tensor cores): tests, memcheck, A/B TP16 M = 1

@@ -623,7 +623,6 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
                 **({"STAMPS": True} if stamps_on() and cl > 1 else {}),     # absent when off: the same source
                 **({"PUSH": True} if push_on() and cl > 1 else {}),
                 **({"MMA": True} if heads_mma_on() and heads_mma_supports(r, C) is None else {}),
-                **({"TILE2": True} if tile2_on() else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -652,12 +651,6 @@ def heads_mma_on() -> bool:
     return os.environ.get("K3FUSE_MLA_HEADS_MMA", "1") != "0"
 
 
-def tile2_on() -> bool:
-    """K3FUSE_MLA_TILE2 (default 0): with the MMA tiles, the score in two accumulator chains and the softmax in every
-    warp (no second CTA barrier per tile). Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_MLA_TILE2", "0") != "0"
-
-
 def heads_mma_supports(r: int, C: int) -> Optional[str]:
     """None if the tensor-core tiles cover these widths: 8 warps as 2 token blocks of 16 x 4 groups of latent
     32-column steps, rope in 32-column steps; else why not."""
@@ -680,7 +673,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), tile2_on())
+            int(cl), qb, stamps_on(), push_on(), heads_mma_on())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)

@@ -96,18 +96,15 @@ def test_heads_append_gate_matches_reference(M, T, seq_lens, h, gated, mma, seed
     check_append(M, T, seq_lens, h, gated, heads=True)
 
 
-@pytest.mark.parametrize("tile2", ["0", "1"])
 @pytest.mark.parametrize("cl", ["16", "8", "1"])
 @pytest.mark.parametrize("M,T,seq_lens", CASES)
 @pytest.mark.parametrize("h", [6, 12])
-def test_heads_mma_matches_the_cuda_cores(M, T, seq_lens, h, cl, tile2, seed, monkeypatch):
+def test_heads_mma_matches_the_cuda_cores(M, T, seq_lens, h, cl, seed, monkeypatch):
     """The tiles on tensor cores (K3FUSE_MLA_HEADS_MMA=1: the query's and p's bf16 high and low halves as two MMA
     columns, fp32 accumulators) give the fp32 CUDA-core tiles' o within 1e-4 (a bf16 query or p alone: ~1e-3);
-    fresh NaN-poisoned outputs, garbage in the cache rows past seq_lens. tile2: K3FUSE_MLA_TILE2 (two score chains,
-    the softmax in every warp)."""
+    fresh NaN-poisoned outputs, garbage in the cache rows past seq_lens."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
-    monkeypatch.setenv("K3FUSE_MLA_TILE2", tile2)
     args = inputs(M, h, T, seq_lens)
     outs = []
     for mma in ("0", "1"):

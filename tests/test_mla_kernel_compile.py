@@ -719,24 +719,6 @@ def test_mla_heads_mma_kernel_compiles(arch, h, cl, qb, monkeypatch, isolated_ke
         assert not re.search(r"\b(STL|LDL)\b", sass)
 
 
-def test_mla_heads_tile2_kernel_compiles(monkeypatch, isolated_kernel_cache):
-    """K3FUSE_MLA_TILE2=1 (MMA tiles): the same MMAs, one CTA barrier fewer per tile (two tile bodies: two fewer
-    bar.sync), each lane's 4 p values by indexed shuffles; no local memory."""
-    pytest.importorskip("cutlass")
-    kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16", cl=16, qb=(1536, 1e-6))
-    bodies = {}
-    for v in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_MLA_TILE2", v)
-        k = ma.build_heads(6, **K3, scale=SCALE, arch="sm_90a", load=False, **kw)
-        bodies[v] = entries(open(k.files["kernel.ptx"]).read())["heads_kernel"]
-    on, off = bodies["1"], bodies["0"]
-    assert "ld.local" not in on and "st.local" not in on
-    mma = r"mma\.sync\.aligned\.m16n8k16"
-    assert count(on, mma) == count(off, mma) > 0
-    assert count(on, r"bar\.sync|barrier\.sync") == count(off, r"bar\.sync|barrier\.sync") - 2
-    assert count(on, r"shfl\.sync\.idx") >= 2 * 4 > count(off, r"shfl\.sync\.idx")
-
-
 def test_mla_heads_qb_supports():
     """W_qb's rows split over the cluster: 16 + 8 rows of 1536 per CTA at 8, 8 + 4 at 16; not without a cluster,
     and not at 4 or 2 (48 / 96 rows of 3 KB do not fit next to W_UK / W_UV's rows)."""
