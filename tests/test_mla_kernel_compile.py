@@ -653,6 +653,16 @@ def test_mla_heads_qb_kernel_compiles(arch, cl, isolated_kernel_cache, monkeypat
     assert count(body, r"barrier\.cluster\.arrive") == 4 and "atom.global" not in body
 
 
+def _off_and_on(monkeypatch, knob, arch, h, cl, qb):
+    """The per-head kernel's source rendered with knob=0, and the kernel built (not loaded) with knob=1: the K3
+    widths, the append + gate variant, q inside where qb."""
+    kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16", qb=(1536, 1e-6) if qb else None)
+    monkeypatch.setenv(knob, "0")
+    off = ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(h, **K3, scale=SCALE, cl=cl, **kw))
+    monkeypatch.setenv(knob, "1")
+    return off, ma.build_heads(h, **K3, scale=SCALE, arch=arch, load=False, cl=cl, **kw)
+
+
 @pytest.mark.parametrize("arch,h,cl,qb", [("sm_90a", 6, 16, True), ("sm_100a", 12, 8, False), ("sm_90a", 12, 8, True)])
 def test_mla_heads_push_kernel_compiles(arch, h, cl, qb, monkeypatch, isolated_kernel_cache):
     """K3FUSE_MLA_PUSH=1: the cluster's gathers by st.async into the owners' shared memory on four more mbarriers, no
@@ -661,13 +671,8 @@ def test_mla_heads_push_kernel_compiles(arch, h, cl, qb, monkeypatch, isolated_k
     partial-query and o_lat columns to their owners, the (max, sum) pair, and the owner's merged columns (and q_pe
     rows) to every rank. Without the knob the source has none of it."""
     pytest.importorskip("cutlass")
-    kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16", **(dict(qb=(1536, 1e-6)) if qb else {}))
-    monkeypatch.setenv("K3FUSE_MLA_PUSH", "0")
-    off = ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(h, **K3, scale=SCALE, cl=cl, append_eps=1e-6, gate=True,
-                                                         out_dtype="bfloat16", qb=kw.get("qb")))
+    off, k = _off_and_on(monkeypatch, "K3FUSE_MLA_PUSH", arch, h, cl, qb)
     assert "st_async_f32" not in off and "PB =" not in off
-    monkeypatch.setenv("K3FUSE_MLA_PUSH", "1")
-    k = ma.build_heads(h, **K3, scale=SCALE, arch=arch, load=False, cl=cl, **kw)
     assert "st_async_f32" in k.source
     body = entries(open(k.files["kernel.ptx"]).read())["heads_kernel"]
     assert "ld.local" not in body and "st.local" not in body
@@ -693,15 +698,10 @@ def test_mla_heads_mma_kernel_compiles(arch, h, cl, qb, monkeypatch, isolated_ke
     (4 per MMA). No local memory (SASS too: HMMA / MOVM as counted, no STL / LDL). Off, the source has none of it;
     widths the warp mapping does not cover keep the CUDA-core tiles."""
     pytest.importorskip("cutlass")
-    kw = dict(append_eps=1e-6, gate=True, out_dtype="bfloat16", **(dict(qb=(1536, 1e-6)) if qb else {}))
-    monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", "0")
-    off = ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(h, **K3, scale=SCALE, cl=cl, append_eps=1e-6, gate=True,
-                                                         out_dtype="bfloat16", qb=kw.get("qb")))
-    assert "movm_t" not in off and "mma_16816" not in off
-    monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", "1")
     assert ma.heads_mma_supports(64, 512) is None and ma.heads_mma_supports(32, 512) is None
     assert ma.heads_mma_supports(64, 448) and ma.heads_mma_supports(48, 512)
-    k = ma.build_heads(h, **K3, scale=SCALE, arch=arch, load=False, cl=cl, **kw)
+    off, k = _off_and_on(monkeypatch, "K3FUSE_MLA_HEADS_MMA", arch, h, cl, qb)
+    assert "movm_t" not in off and "mma_16816" not in off
     assert "movm_t" in k.source and "NDG = " in k.source
     body = entries(open(k.files["kernel.ptx"]).read())["heads_kernel"]
     assert "ld.local" not in body and "st.local" not in body
