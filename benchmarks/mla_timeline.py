@@ -7,7 +7,7 @@ although it moves the same bytes with two grid boundaries fewer (RESULTS.md sess
 work (clusters of 16) bought only 0.26 us. This says where its time goes. Each arm compiles the MLA + MoE layer
 (layer_bench's per-rank shapes, K3FUSE_MLA_HEADS=1) with the stamps on: thread 0 of every CTA writes %globaltimer_lo
 and %clock at 13 phase boundaries (templates/mla_attention_heads.py.jinja, stamp(k)) into the partials buffer the
-cluster variant does not use (with the MMA tiles also 3 phases inside the first tile: slots 13-15). The layer is captured as a CUDA graph (two layer copies, as layer_bench), replayed,
+cluster variant does not use (with the MMA tiles also 4 phases inside the first tile: slots 13-16). The layer is captured as a CUDA graph (two layer copies, as layer_bench), replayed,
 and the last replay's stamps are read: per phase the earliest / median / latest CTA in us after the first CTA's
 start (globaltimer), and each phase's median length in SM clocks (per CTA, so exact). One arm without stamps (the
 three launches, K3FUSE_MLA_HEADS=0) gives the layer time to compare. Writes mla_timeline.json; prints the tables.
@@ -24,9 +24,10 @@ import torch
 
 PHASES = ("start", "wait done", "q ready", "W_UK landed", "cluster bar 1", "query ready", "tiles done",
           "o_lat summed", "cluster bar 2", "merged", "W_UV landed", "stored", "exit")
-CLK0 = 16           # the template's slot of phase 0's %clock (phase k at k, its clock at CLK0 + k)
-# inside the first tile (the MMA tiles only; slot, name, the phase its clocks count from)
-TILE_PHASES = ((13, "t1 score", 5), (14, "t1 softmax", 13), (15, "t1 PV", 14))
+CLK0 = 32           # the template's slot of phase 0's %clock (phase k at k, its clock at CLK0 + k)
+# inside the first tile (the MMA tiles only; slot, name, the phase its clocks count from): the next tile's loads
+# issued, the score's MMAs done, the softmax done, PV done
+TILE_PHASES = ((16, "t1 loads issued", 5), (13, "t1 score", 16), (14, "t1 softmax", 13), (15, "t1 PV", 14))
 
 
 def summarize(buf: torch.Tensor) -> dict:
@@ -35,7 +36,7 @@ def summarize(buf: torch.Tensor) -> dict:
     SM clocks. u32 differences are taken mod 2^32 (the counters wrap). Pure torch on the CPU (tests)."""
     b = buf.detach().to("cpu").contiguous().view(torch.int32).reshape(-1, buf.shape[-1]).to(torch.int64) & 0xFFFFFFFF
     n = len(PHASES)
-    t, ck = b[:, :CLK0], b[:, CLK0:2 * CLK0]                 # all 16 slots (the first tile's phases at 13-15)
+    t, ck = b[:, :CLK0], b[:, CLK0:2 * CLK0]                 # all slots (the first tile's phases at 13-16)
     rel = (t - t[0, 0]) % (1 << 32)                          # ns after CTA 0's start, signed (the timer wraps)
     rel = torch.where(rel >= (1 << 31), rel - (1 << 32), rel)
     rel = rel - rel[:, 0].min()                              # ... after the earliest CTA's start

@@ -26,14 +26,14 @@ def _src(monkeypatch, stamps, cl, qb=None):
 @pytest.mark.parametrize("qb", [None, (1536, 1e-6)])
 def test_stamps_only_where_asked(monkeypatch, qb):
     """Off (the default) the source is the kernel of before, not a line more; on, thread 0 writes the 13 phases'
-    timer and clock into slots k and 16 + k of its (m, split, hd) partials row; never without a cluster (the counter
+    timer and clock into slots k and 32 + k of its (m, split, hd) partials row; never without a cluster (the counter
     path uses that buffer)."""
     off = _src(monkeypatch, False, 8, qb)
     assert "sreg_bits_f32" not in off and "STAMPS" not in off
     on = _src(monkeypatch, True, 8, qb)
     slots = sorted(int(k) for k in re.findall(r'mOp\[m, split, hd, (\d+)\] = sreg_bits_f32\("%globaltimer_lo"\)', on))
-    # the 13 phases and, with the MMA tiles (the default), 3 inside the first tile
-    assert slots == list(range(len(mla_timeline.PHASES))) + [t[0] for t in mla_timeline.TILE_PHASES]
+    # the 13 phases and, with the MMA tiles (the default), 4 inside the first tile
+    assert slots == sorted(list(range(len(mla_timeline.PHASES))) + [t[0] for t in mla_timeline.TILE_PHASES])
     clocks = sorted(int(k) for k in re.findall(r'mOp\[m, split, hd, (\d+)\] = sreg_bits_f32\("%clock"\)', on))
     assert clocks == [mla_timeline.CLK0 + k for k in slots]
     # without the stamp lines the two sources are the same kernel
@@ -51,7 +51,7 @@ def test_stamped_kernel_compiles(monkeypatch, isolated_kernel_cache):
     k = ma.build_heads(6, **K3, scale=SCALE, arch="sm_90a", load=False, cl=8, append_eps=1e-6, gate=True,
                        out_dtype="bfloat16", qb=(1536, 1e-6))
     ptx = open(k.files["kernel.ptx"]).read()
-    n = len(mla_timeline.PHASES) + len(mla_timeline.TILE_PHASES)      # 13 + 3 in the first (MMA) tile
+    n = len(mla_timeline.PHASES) + len(mla_timeline.TILE_PHASES)      # 13 + 4 in the first (MMA) tile
     assert ptx.count("%globaltimer_lo") == n and ptx.count("%clock;") == n
 
 
@@ -60,10 +60,12 @@ def test_summarize_reads_a_launch():
     n = len(mla_timeline.PHASES)
     buf = torch.zeros(1, 2, 1, 128, dtype=torch.int32)
     base = (1 << 32) - 500                       # 0.5 us before the wrap
+    # the phases in time order: 0..12, then the first tile's (slots 16, 13, 14, 15) at positions 13..16
+    order = list(range(n)) + [t[0] for t in mla_timeline.TILE_PHASES]
     for cta, start in ((0, base), (1, base + 1000)):
-        for k in list(range(n)) + [t[0] for t in mla_timeline.TILE_PHASES]:
-            buf[0, cta, 0, k] = torch.tensor((start + 1000 * k) % (1 << 32), dtype=torch.int64).to(torch.int32)
-            buf[0, cta, 0, mla_timeline.CLK0 + k] = torch.tensor((7 + 2000 * k * (cta + 1)) % (1 << 32)).to(torch.int32)
+        for pos, k in enumerate(order):
+            buf[0, cta, 0, k] = torch.tensor((start + 1000 * pos) % (1 << 32), dtype=torch.int64).to(torch.int32)
+            buf[0, cta, 0, mla_timeline.CLK0 + k] = torch.tensor((7 + 2000 * pos * (cta + 1)) % (1 << 32)).to(torch.int32)
     r = mla_timeline.summarize(buf.view(torch.float32))
     assert r["ctas"] == 2
     p = r["phases"]
@@ -71,5 +73,6 @@ def test_summarize_reads_a_launch():
     assert p[0]["first_us"] == 0.0 and p[0]["last_us"] == 1.0
     assert p[3]["first_us"] == 3.0 and p[3]["last_us"] == 4.0          # across the wrap
     assert p[0]["clocks"] == 0 and p[5]["clocks"] == 2000               # torch's median of two: the lower
-    # the first tile's phases count from their own reference phase (13 from 5, 14 from 13, 15 from 14)
-    assert [x["clocks"] for x in p[n:]] == [2000 * 8, 2000, 2000] and p[n]["first_us"] == 13.0
+    # the first tile's phases count from their own reference phase (16 from 5, 13 from 16, 14 from 13, 15 from 14)
+    assert [x["clocks"] for x in p[n:]] == [2000 * 8, 2000, 2000, 2000]
+    assert p[n]["first_us"] == 13.0 and p[n + 1]["first_us"] == 14.0
