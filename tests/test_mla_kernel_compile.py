@@ -810,12 +810,17 @@ def test_mla_heads_arithmetic_model(M, T, seq_lens, ns):
 
 def test_kernels_cli_builds_the_per_head_job(isolated_kernel_cache):
     """`k3fuse kernels` compiles the per-head kernel where it is the default (K3 TP16, here bucket 2) with the same
-    parameters as the launcher: its PTX has the cluster's pushes into the owners' shared memory (st.async)."""
+    parameters as the launcher: its PTX has the cluster's pushes into the owners' shared memory (st.async) and the
+    tiles' MMAs with movmatrix (the defaults), and its manifest entry says so."""
     pytest.importorskip("cutlass")
     from k3fuse.codegen import kernels_cli
     jobs, _ = kernels_cli.plan("k3", 16, [2], "sm_90a")
     (job,) = [j for j in jobs if j["config"].get("variant") == "heads"]
     k = kernels_cli.build_job(job, "sm_90a")
     assert "params: APPEND=True, C=512, CL=8, EPS='1e-06', GATE=True, H=6," in k.source
-    assert "PUSH=True" in k.source and "st.async.shared::cluster" in open(k.files["kernel.ptx"]).read()
+    ptx = open(k.files["kernel.ptx"]).read()
+    assert "PUSH=True" in k.source and "st.async.shared::cluster" in ptx
+    # the manifest says which gathers and tiles the kernel has (both read from the environment by build_heads)
+    assert job["config"]["push"] is True and job["config"]["mma"] is True
+    assert "MMA=True" in k.source and "movmatrix.sync.aligned" in ptx
     assert ma.heads_choice(2, 6) and ma.heads_choice(1, 6) and not ma.heads_choice(2, 12) and not ma.heads_choice(4, 6)
