@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s81            # (not run yet) the per-head tiles alone at 1-6 heads: per-SM or aggregate limit
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s80            # the MMA tile's inner stamps; K3FUSE_MLA_TILE2 (since removed: no gain): tests, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s79            # K3FUSE_MLA_HEADS_PF=2 (since removed: no gain): tests, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s78            # the MMA tiles: stamps, per head at TP8 M = 1, MMA at TP16 M = 2, mix-norm tests
@@ -678,6 +679,15 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s81 ]; then      # written in session 28 after its device time ran out (not run): the per-head kernel alone
+    # at 1-6 heads (clusters of 16, stamps): per-SM or aggregate limit of the tiles (benchmarks/mla_tiles_probe.py);
+    # then the first tile's stamps in the layer with the new "t1 loads issued" phase
+    timeout 200 python3 benchmarks/mla_tiles_probe.py --out "$L" --heads 1,2,3,6 > "$L/probe.txt" 2>&1
+    echo "mla_tiles_probe rc=$?" | tee -a "$S"; tail -8 "$L/probe.txt" | tee -a "$S"
+    cp "$L/mla_tiles_probe.json" "$OUT/" 2>/dev/null
+    timeout 100 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16 --qb 1 > "$L/timeline.txt" 2>&1
+    echo "mla_timeline rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline.txt" | tail -19 | tee -a "$S"
+    tar czf "$OUT/logs_s81.tgz" -C "$L" .
 elif [ "$part" = s80 ]; then      # session 28: the MMA tile's phases (stamps inside the first tile) and K3FUSE_MLA_TILE2
     # (two score chains, the softmax in every warp: one CTA barrier fewer per tile): tests, stamps both ways, A/Bs
     K3FUSE_MLA_TILE2=1 pytests tile2 150 tests/test_mla_heads_gpu.py -k "mma_matches or bitwise or (append and 1-)"
