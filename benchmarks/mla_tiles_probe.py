@@ -70,7 +70,7 @@ def main():
                                                                        "t1 PV") if k in ph})
         rows.append(row)
         print(json.dumps(row), flush=True)
-        del g, sets, outs
+        g = None                        # the graph's memory back before the next h (its inputs are rebound there)
         torch.cuda.empty_cache()
     res = dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), T=T, rows=rows)
     with open(os.path.join(args.out, "mla_tiles_probe.json"), "w") as f:
