@@ -35,24 +35,17 @@ def summarize(buf: torch.Tensor) -> dict:
     median and latest CTA in us after the earliest start, and the median phase length (from the previous phase) in
     SM clocks. u32 differences are taken mod 2^32 (the counters wrap). Pure torch on the CPU (tests)."""
     b = buf.detach().to("cpu").contiguous().view(torch.int32).reshape(-1, buf.shape[-1]).to(torch.int64) & 0xFFFFFFFF
-    n = len(PHASES)
     t, ck = b[:, :CLK0], b[:, CLK0:2 * CLK0]                 # all slots (the first tile's phases at 13-16)
     rel = (t - t[0, 0]) % (1 << 32)                          # ns after CTA 0's start, signed (the timer wraps)
     rel = torch.where(rel >= (1 << 31), rel - (1 << 32), rel)
     rel = rel - rel[:, 0].min()                              # ... after the earliest CTA's start
-    dck = (ck[:, 1:n] - ck[:, :n - 1]) % (1 << 32)
     rows = []
-    for k, name in enumerate(PHASES):
+    # (slot, name, the slot its clocks count from): each phase from the previous one, then the first tile's
+    for k, name, k0 in [(k, name, k - 1) for k, name in enumerate(PHASES)] + list(TILE_PHASES):
         col = rel[:, k].double() / 1000
         rows.append(dict(phase=k, name=name, first_us=round(col.min().item(), 3),
                          median_us=round(col.median().item(), 3), last_us=round(col.max().item(), 3),
-                         clocks=int(dck[:, k - 1].median().item()) if k else 0))
-    for k, name, k0 in TILE_PHASES:
-        col = rel[:, k].double() / 1000
-        d = (ck[:, k] - ck[:, k0]) % (1 << 32)
-        rows.append(dict(phase=k, name=name, first_us=round(col.min().item(), 3),
-                         median_us=round(col.median().item(), 3), last_us=round(col.max().item(), 3),
-                         clocks=int(d.median().item())))
+                         clocks=int(((ck[:, k] - ck[:, k0]) % (1 << 32)).median().item()) if k else 0))
     return dict(ctas=int(b.shape[0]), phases=rows)
 
 

@@ -622,7 +622,7 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
                 CL=int(cl), QB=qb is not None, QL=int(qb[0]) if qb else 0, QEPS=repr(float(qb[1])) if qb else None,
                 **({"STAMPS": True} if stamps_on() and cl > 1 else {}),     # absent when off: the same source
                 **({"PUSH": True} if push_on() and cl > 1 else {}),
-                **({"MMA": True} if heads_mma_on() and heads_mma_supports(r, C) is None else {}),
+                **({"MMA": True} if heads_mma(r, C) else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -660,6 +660,11 @@ def heads_mma_supports(r: int, C: int) -> Optional[str]:
     return None
 
 
+def heads_mma(r: int, C: int) -> bool:
+    """Whether a per-head kernel of these widths gets the tensor-core tiles (the knob on and the widths covered)."""
+    return heads_mma_on() and heads_mma_supports(r, C) is None
+
+
 STAMP_BUFS = collections.deque(maxlen=64)   # the partials buffers of the last launches with stamps, oldest first
 
 
@@ -685,7 +690,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
                 template=HEADS_TEMPLATE, config=dict(variant="heads", tt=HEADS_TT, threads=THREADS,
                                                      q=_dtname(q_dtype), scale=float(scale), append_eps=eps,
                                                      gate=bool(gate), out=_dtname(out_dtype), cluster=int(cl),
-                                                     mma=heads_mma_on() and heads_mma_supports(r, C) is None,
+                                                     mma=heads_mma(r, C),
                                                      **(dict(q_eps=qb[1]) if qb else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k

@@ -26,6 +26,17 @@ def run_heads(args, n_split=None, **kw):
     return o
 
 
+def run_arms(monkeypatch, knob, is_on, args):
+    """run_heads(args) with knob=0, then knob=1 (is_on() reading each): both outputs, after a sync."""
+    outs = []
+    for v in ("0", "1"):
+        monkeypatch.setenv(knob, v)
+        assert is_on() == (v == "1")
+        outs.append(run_heads(args))
+    torch.cuda.synchronize()
+    return outs
+
+
 CASES = [(1, 1024, [1023]), (1, 1000, [517]), (1, 7, [0]), (2, 300, [299, 31]), (3, 100, [0, 57, 99]),
          (3, 257, [256, 32, 33])]
 
@@ -62,12 +73,7 @@ def test_heads_push_is_bitwise_the_loads(cl, mma, M, h, T, seq_lens, seed, monke
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", mma)
     args = inputs(M, h, T, seq_lens)
-    outs = []
-    for push in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_MLA_PUSH", push)
-        assert ma.push_on() == (push == "1")
-        outs.append(run_heads(args))
-    torch.cuda.synchronize()
+    outs = run_arms(monkeypatch, "K3FUSE_MLA_PUSH", ma.push_on, args)
     assert not torch.isnan(outs[1]).any()
     assert torch.equal(outs[0], outs[1])
     assert rel(outs[1], reference(*args, SCALE)) < 1e-2
@@ -101,17 +107,13 @@ def test_heads_append_gate_matches_reference(M, T, seq_lens, h, gated, mma, seed
 @pytest.mark.parametrize("h", [6, 12])
 def test_heads_mma_matches_the_cuda_cores(M, T, seq_lens, h, cl, seed, monkeypatch):
     """The tiles on tensor cores (K3FUSE_MLA_HEADS_MMA=1: the query's and p's bf16 high and low halves as two MMA
-    columns, fp32 accumulators) give the fp32 CUDA-core tiles' o within 1e-4 (a bf16 query or p alone: ~1e-3);
+    columns, fp32 accumulators) give the fp32 CUDA-core tiles' o within 1e-4 (a bf16 query or p alone would round
+    each to 8 bits, 2^-9 ~ 2e-3 per element; the high / low pair leaves ~2^-17);
     fresh NaN-poisoned outputs, garbage in the cache rows past seq_lens."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     args = inputs(M, h, T, seq_lens)
-    outs = []
-    for mma in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", mma)
-        assert ma.heads_mma_on() == (mma == "1")
-        outs.append(run_heads(args))
-    torch.cuda.synchronize()
+    outs = run_arms(monkeypatch, "K3FUSE_MLA_HEADS_MMA", ma.heads_mma_on, args)
     assert not torch.isnan(outs[1]).any()
     assert rel(outs[1], outs[0]) < 1e-4
     if max(seq_lens) > 0:                                     # (one token: o is its row in both)
