@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s82            # s81, then every per-head GPU test (session 29)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s81            # (not run yet) the per-head tiles alone at 1-6 heads: per-SM or aggregate limit
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s80            # the MMA tile's inner stamps; K3FUSE_MLA_TILE2 (since removed: no gain): tests, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s79            # K3FUSE_MLA_HEADS_PF=2 (since removed: no gain): tests, A/Bs
@@ -679,6 +680,11 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s82 ]; then      # session 29: s81 (the per-head tiles alone at 1-6 heads; the tile's stamps) and every
+    # per-head GPU test after session 28's review refactor of the template (slot_used / slot_chunk helpers)
+    bash benchmarks/validate_pending.sh s81
+    pytests heads 240 tests/test_mla_heads_gpu.py
+    tar czf "$OUT/logs_s82.tgz" -C "$L" .
 elif [ "$part" = s81 ]; then      # written in session 28 after its device time ran out (not run): the per-head kernel alone
     # at 1-6 heads (clusters of 16, stamps): per-SM or aggregate limit of the tiles (benchmarks/mla_tiles_probe.py);
     # then the first tile's stamps in the layer with the new "t1 loads issued" phase
