@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s83            # the TP16 M = 1 rows with max-autotune; TP16 M = 2, 4 ledger without PDL (s84: the TP8 M = 1 rows)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s82            # s81, then every per-head GPU test (session 29)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s81            # (not run yet) the per-head tiles alone at 1-6 heads: per-SM or aggregate limit
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s80            # the MMA tile's inner stamps; K3FUSE_MLA_TILE2 (since removed: no gain): tests, A/Bs
@@ -680,6 +681,20 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s83 ] || [ "$part" = s84 ]; then   # session 29: the M = 1 rows, every backend + max-autotune
+    # (s83: TP16, then the TP16 M = 2, 4 per-kernel ledger without the PDL chain; s84: TP8)
+    tp=16; [ "$part" = s84 ] && tp=8
+    timeout 300 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp $tp --ms 1 --top 16 --max-autotune \
+        --tag _s29_m1_tp${tp}_mat > "$L/lb_m1_tp${tp}_mat.txt" 2>&1
+    echo "layer TP$tp M=1 every backend + max-autotune rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_tp${tp}_mat.txt" | tee -a "$S"
+    cp "$L"/layer_bench_s29_m1_tp${tp}_mat.json "$L"/layer_bench_s29_m1_tp${tp}_mat.png "$OUT/" 2>/dev/null
+    if [ "$part" = s83 ]; then
+        K3FUSE_PDL_CHAIN=0 timeout 150 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 2,4 \
+            --skip eager,inductor --top 20 --tag _s29_m24_tp16_pdl0 > "$L/lb_m24_pdl0.txt" 2>&1
+        echo "layer TP16 M=2,4 PDL_CHAIN=0 rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m24_pdl0.txt" | tee -a "$S"
+        cp "$L"/layer_bench_s29_m24_tp16_pdl0.json "$OUT/" 2>/dev/null
+    fi
+    tar czf "$OUT/logs_$part.tgz" -C "$L" .
 elif [ "$part" = s82 ]; then      # session 29: s81 (the per-head tiles alone at 1-6 heads; the tile's stamps) and every
     # per-head GPU test after session 28's review refactor of the template (slot_used / slot_chunk helpers)
     bash benchmarks/validate_pending.sh s81
