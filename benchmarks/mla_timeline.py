@@ -28,6 +28,9 @@ CLK0 = 32           # the template's slot of phase 0's %clock (phase k at k, its
 # inside the first tile (the MMA tiles only; slot, name, the phase its clocks count from): the next tile's loads
 # issued, the score's MMAs done, the softmax done, PV done
 TILE_PHASES = ((16, "t1 loads issued", 5), (13, "t1 score", 16), (14, "t1 softmax", 13), (15, "t1 PV", 14))
+# inside the q phase (q computed in the kernel only): cq landed (thread 0's sum of squares done), the normed x stored
+# and W_qb landed; "q ready" (2) follows the row sums
+Q_PHASES = ((17, "q: cq landed", 1), (18, "q: x normed", 17))
 
 
 def summarize(buf: torch.Tensor) -> dict:
@@ -41,7 +44,9 @@ def summarize(buf: torch.Tensor) -> dict:
     rel = rel - rel[:, 0].min()                              # ... after the earliest CTA's start
     rows = []
     # (slot, name, the slot its clocks count from): each phase from the previous one, then the first tile's
-    for k, name, k0 in [(k, name, k - 1) for k, name in enumerate(PHASES)] + list(TILE_PHASES):
+    for k, name, k0 in [(k, name, k - 1) for k, name in enumerate(PHASES)] + list(TILE_PHASES) + list(Q_PHASES):
+        if k >= len(PHASES) and not bool((b[:, k] != 0).any()):
+            continue                                         # a phase this variant does not stamp
         col = rel[:, k].double() / 1000
         rows.append(dict(phase=k, name=name, first_us=round(col.min().item(), 3),
                          median_us=round(col.median().item(), 3), last_us=round(col.max().item(), 3),

@@ -623,6 +623,7 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
                 **({"STAMPS": True} if stamps_on() and cl > 1 else {}),     # absent when off: the same source
                 **({"PUSH": True} if push_on() and cl > 1 else {}),
                 **({"MMA": True} if heads_mma(r, C) else {}),
+                **({"QFIRST": True} if qfirst_on() and qb is not None else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -649,6 +650,13 @@ def heads_mma_on() -> bool:
     ABBA pairs): TP16 M = 1 -1.64 us [-2.36, -0.91] per MLA layer, 16 / 16 faster; TP16 M = 2 -1.64 [-3.48, -0.66],
     13 / 16. Read when a kernel is rendered."""
     return os.environ.get("K3FUSE_MLA_HEADS_MMA", "1") != "0"
+
+
+def qfirst_on() -> bool:
+    """K3FUSE_MLA_QFIRST=1: the per-head kernel that computes q itself loads cq[m] and the q_a norm weight before the
+    first tile's cache rows (40 KB per CTA from HBM, issued right after the chain's wait) instead of after them, so
+    that the q phase's first L2 round trip is not queued behind them. Read when a kernel is rendered."""
+    return os.environ.get("K3FUSE_MLA_QFIRST", "0") == "1"
 
 
 def heads_mma_supports(r: int, C: int) -> Optional[str]:
@@ -678,7 +686,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on(), heads_mma_on())
+            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst_on())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
@@ -691,7 +699,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
                                                      q=_dtname(q_dtype), scale=float(scale), append_eps=eps,
                                                      gate=bool(gate), out=_dtname(out_dtype), cluster=int(cl),
                                                      mma=heads_mma(r, C),
-                                                     **(dict(q_eps=qb[1]) if qb else {})))
+                                                     **(dict(q_eps=qb[1], qfirst=qfirst_on()) if qb else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
@@ -734,9 +742,11 @@ def _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, ns, append, g
                        append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt,
                        cl=heads_cluster(ns, M, h), qb=(qb[0].shape[1], qb[2]) if qb is not None else None)
     f32 = torch.float32
-    opart = torch.empty(M, ns, h, v, dtype=f32, device=dev)
-    if stamps_on() and heads_cluster(ns, M, h) > 1:
+    if stamps_on() and heads_cluster(ns, M, h) > 1:     # zeros: the reader skips the slots a variant leaves unstamped
+        opart = torch.zeros(M, ns, h, v, dtype=f32, device=dev)
         STAMP_BUFS.append(opart)
+    else:
+        opart = torch.empty(M, ns, h, v, dtype=f32, device=dev)
     ml = torch.empty(M, ns, h, 2, dtype=f32, device=dev)
     if out is None:
         out = torch.empty(M, h, v, dtype=odt, device=dev)

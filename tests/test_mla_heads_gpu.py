@@ -205,10 +205,11 @@ def qb_reference(cq, qw, w_qb, ckv, nw, cache, kv_b, sl, gate, h):
     return o * torch.sigmoid(gate.float().view(o.shape))
 
 
-@pytest.mark.parametrize("cl,push,mma", [("16", "0", "0"), ("8", "0", "0"), ("16", "1", "0"), ("8", "1", "0"),
-                                         ("16", "1", "1"), ("8", "1", "1")])
+@pytest.mark.parametrize("cl,push,mma,qfirst", [("16", "0", "0", "0"), ("8", "0", "0", "0"), ("16", "1", "0", "0"),
+                                                ("8", "1", "0", "0"), ("16", "1", "1", "0"), ("8", "1", "1", "0"),
+                                                ("16", "1", "1", "1"), ("8", "1", "1", "1")])
 @pytest.mark.parametrize("M,T,seq_lens", [(1, 1024, [1023]), (1, 2000, [1234]), (2, 300, [299, 31])])
-def test_qb_op_matches_reference(cl, push, mma, M, T, seq_lens, seed, monkeypatch):
+def test_qb_op_matches_reference(cl, push, mma, qfirst, M, T, seq_lens, seed, monkeypatch):
     """k3fuse::mla_qb_append_attention_ through the dispatcher with K3FUSE_MLA_HEADS=1 (pass
     fuse_q_b_into_mla_attention's op): the per-head kernel computing q itself (the launcher got q_b's operands),
     captured in a CUDA graph and replayed with new cq / ckv / seq_lens: every replay's o (NaN-poisoned before) within
@@ -220,6 +221,7 @@ def test_qb_op_matches_reference(cl, push, mma, M, T, seq_lens, seed, monkeypatc
     monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
     monkeypatch.setenv("K3FUSE_MLA_PUSH", push)
     monkeypatch.setenv("K3FUSE_MLA_HEADS_MMA", mma)
+    monkeypatch.setenv("K3FUSE_MLA_QFIRST", qfirst)
     registry.register()
     launched = []
     real = ma._launch_heads
@@ -249,6 +251,30 @@ def test_qb_op_matches_reference(cl, push, mma, M, T, seq_lens, seed, monkeypatc
         untouched[rows, sl] = False
         assert torch.equal(cache[untouched].view(torch.int16), cache0[untouched].view(torch.int16))
         assert rel(cache[rows, sl], torch.cat([ops._rms(ckv[:, :C], 1e-6).to(bf) * nw, ckv[:, C:]], -1)) < 1e-2
+
+
+@pytest.mark.parametrize("cl", ["16", "8"])
+@pytest.mark.parametrize("M,T,seq_lens", [(1, 1024, [1023]), (2, 300, [299, 31])])
+def test_qb_qfirst_is_bitwise_the_same(cl, M, T, seq_lens, seed, monkeypatch):
+    """K3FUSE_MLA_QFIRST=1 only moves cq's loads ahead of the first tile's: o and the appended rows bitwise those of
+    QFIRST=0 on the same inputs."""
+    from k3fuse.codegen import registry
+    monkeypatch.setenv("K3FUSE_MLA_HEADS", "1")
+    monkeypatch.setenv("K3FUSE_MLA_HEADS_CL", cl)
+    registry.register()
+    h, bf = 6, torch.bfloat16
+    cq, qw, w_qb, ckv, nw, cache, kv_b, sl, gate = qb_inputs(M, h, T, seq_lens)
+    outs = []
+    for qf in ("0", "1"):
+        monkeypatch.setenv("K3FUSE_MLA_QFIRST", qf)
+        c = cache.clone()
+        o = torch.ops.k3fuse.mla_qb_append_attention_(cq, qw, 1e-6, w_qb, h, ckv, nw, 1e-6, bf, c, kv_b, sl, SCALE,
+                                                      gate, bf)
+        torch.cuda.synchronize()
+        outs.append((o.clone(), c))
+    assert not outs[0][0].isnan().any()
+    assert torch.equal(outs[0][0].view(torch.int16), outs[1][0].view(torch.int16))
+    assert torch.equal(outs[0][1].view(torch.int16), outs[1][1].view(torch.int16))
 
 
 def test_qb_op_falls_back_to_two_launches(seed, monkeypatch):

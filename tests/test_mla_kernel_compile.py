@@ -824,3 +824,22 @@ def test_kernels_cli_builds_the_per_head_job(isolated_kernel_cache):
     assert job["config"]["push"] is True and job["config"]["mma"] is True
     assert "MMA=True" in k.source and "movmatrix.sync.aligned" in ptx
     assert ma.heads_choice(2, 6) and ma.heads_choice(1, 6) and not ma.heads_choice(2, 12) and not ma.heads_choice(4, 6)
+
+
+@pytest.mark.parametrize("arch,cl", [("sm_90a", 16), ("sm_100a", 8)])
+def test_mla_heads_qfirst_kernel_compiles(arch, cl, monkeypatch, isolated_kernel_cache):
+    """K3FUSE_MLA_QFIRST=1 (q computed in the kernel only): cq and the q_a norm weight are loaded with no branch
+    (threads past QCH re-read the last chunk) before the first tile's rows; off, inside `if tidx < QCH` after them.
+    No local memory either way; without q in the kernel the knob renders nothing."""
+    pytest.importorskip("cutlass")
+    off, k = _off_and_on(monkeypatch, "K3FUSE_MLA_QFIRST", arch, 6, cl, True)
+    assert "qi = cutlass.min(tidx, QCH - 1)" in k.source and "qi = cutlass.min" not in off
+    src = k.source
+    assert src.index("(m, qi)]") < src.index("gC[(0, 0, None), (m, row")
+    assert off.index("gC[(0, 0, None), (m, row") < off.index("(m, tidx)], cq8)")
+    body = entries(open(k.files["kernel.ptx"]).read())["heads_kernel"]
+    assert "ld.local" not in body and "st.local" not in body
+    monkeypatch.setenv("K3FUSE_MLA_QFIRST", "1")
+    plain = ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(6, **K3, scale=SCALE, cl=cl))
+    monkeypatch.setenv("K3FUSE_MLA_QFIRST", "0")
+    assert plain == ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(6, **K3, scale=SCALE, cl=cl))

@@ -32,8 +32,9 @@ def test_stamps_only_where_asked(monkeypatch, qb):
     assert "sreg_bits_f32" not in off and "STAMPS" not in off
     on = _src(monkeypatch, True, 8, qb)
     slots = sorted(int(k) for k in re.findall(r'mOp\[m, split, hd, (\d+)\] = sreg_bits_f32\("%globaltimer_lo"\)', on))
-    # the 13 phases and, with the MMA tiles (the default), 4 inside the first tile
-    assert slots == sorted(list(range(len(mla_timeline.PHASES))) + [t[0] for t in mla_timeline.TILE_PHASES])
+    # the 13 phases and, with the MMA tiles (the default), 4 inside the first tile; with q in the kernel 2 in its phase
+    assert slots == sorted(list(range(len(mla_timeline.PHASES))) + [t[0] for t in mla_timeline.TILE_PHASES]
+                           + ([t[0] for t in mla_timeline.Q_PHASES] if qb else []))
     clocks = sorted(int(k) for k in re.findall(r'mOp\[m, split, hd, (\d+)\] = sreg_bits_f32\("%clock"\)', on))
     assert clocks == [mla_timeline.CLK0 + k for k in slots]
     # without the stamp lines the two sources are the same kernel
@@ -51,7 +52,8 @@ def test_stamped_kernel_compiles(monkeypatch, isolated_kernel_cache):
     k = ma.build_heads(6, **K3, scale=SCALE, arch="sm_90a", load=False, cl=8, append_eps=1e-6, gate=True,
                        out_dtype="bfloat16", qb=(1536, 1e-6))
     ptx = open(k.files["kernel.ptx"]).read()
-    n = len(mla_timeline.PHASES) + len(mla_timeline.TILE_PHASES)      # 13 + 4 in the first (MMA) tile
+    # 13 + 4 in the first (MMA) tile + 2 in the q phase
+    n = len(mla_timeline.PHASES) + len(mla_timeline.TILE_PHASES) + len(mla_timeline.Q_PHASES)
     assert ptx.count("%globaltimer_lo") == n and ptx.count("%clock;") == n
 
 
@@ -76,3 +78,18 @@ def test_summarize_reads_a_launch():
     # the first tile's phases count from their own reference phase (16 from 5, 13 from 16, 14 from 13, 15 from 14)
     assert [x["clocks"] for x in p[n:]] == [2000 * 8, 2000, 2000, 2000]
     assert p[n]["first_us"] == 13.0 and p[n + 1]["first_us"] == 14.0
+
+
+def test_summarize_skips_unstamped_slots():
+    """A variant that stamps the q phase (slots 17, 18) gets those rows, counted from their reference phases; slots
+    left at zero (the buffer is zeroed when stamps are on) give no row."""
+    n = len(mla_timeline.PHASES)
+    buf = torch.zeros(1, 1, 1, 128, dtype=torch.int32)
+    order = list(range(n)) + [t[0] for t in mla_timeline.Q_PHASES]
+    for pos, k in enumerate(order):
+        buf[0, 0, 0, k] = 1000 + 1000 * pos
+        buf[0, 0, 0, mla_timeline.CLK0 + k] = 5 + 100 * pos * pos
+    p = mla_timeline.summarize(buf.view(torch.float32))["phases"]
+    assert [x["name"] for x in p] == list(mla_timeline.PHASES) + [t[1] for t in mla_timeline.Q_PHASES]
+    c = lambda k: 5 + 100 * order.index(k) ** 2
+    assert [x["clocks"] for x in p[n:]] == [c(17) - c(1), c(18) - c(17)]
