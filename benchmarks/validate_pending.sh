@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s86            # K3FUSE_MLA_QFIRST=2: tests, stamps, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s85            # K3FUSE_MLA_QFIRST: tests, q-phase stamps, A/Bs TP16 M = 1, 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s83            # the TP16 M = 1 rows with max-autotune; TP16 M = 2, 4 ledger without PDL (s84: the TP8 M = 1 rows)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s82            # s81, then every per-head GPU test (session 29)
@@ -682,6 +683,16 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s86 ]; then      # session 29: K3FUSE_MLA_QFIRST=2 (also the first tile's rows after cq has landed): tests,
+    # stamps, A/Bs (1 -> 2 at TP16 M = 1, 0 -> 2 at M = 2)
+    pytests qfirst2 200 tests/test_mla_heads_gpu.py -k "qb"
+    K3FUSE_MLA_QFIRST=2 timeout 80 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16 --qb 1 \
+        > "$L/timeline_qf2.txt" 2>&1
+    echo "mla_timeline QFIRST=2 rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline_qf2.txt" | tail -21 | tee -a "$S"
+    cp "$L/mla_timeline.json" "$OUT/mla_timeline_qfirst_2.json" 2>/dev/null
+    ab_run qfirst12_tp16_m1 130 --var K3FUSE_MLA_QFIRST=1,2 --kinds mla --tp 16 --ms 1 --pairs 16
+    ab_run qfirst02_tp16_m2 130 --var K3FUSE_MLA_QFIRST=0,2 --kinds mla --tp 16 --ms 2 --pairs 16
+    tar czf "$OUT/logs_s86.tgz" -C "$L" .
 elif [ "$part" = s85 ]; then      # session 29: K3FUSE_MLA_QFIRST (cq's loads before the first tile's rows): tests, the q
     # phase's stamps both ways, A/Bs at TP16 M = 1, 2 (the per-head kernel computing q, the default there)
     pytests qfirst 200 tests/test_mla_heads_gpu.py -k "qb"

@@ -623,7 +623,7 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
                 **({"STAMPS": True} if stamps_on() and cl > 1 else {}),     # absent when off: the same source
                 **({"PUSH": True} if push_on() and cl > 1 else {}),
                 **({"MMA": True} if heads_mma(r, C) else {}),
-                **({"QFIRST": True} if qfirst_on() and qb is not None else {}),
+                **({"QFIRST": qfirst()} if qfirst() and qb is not None else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -652,11 +652,15 @@ def heads_mma_on() -> bool:
     return os.environ.get("K3FUSE_MLA_HEADS_MMA", "1") != "0"
 
 
-def qfirst_on() -> bool:
+def qfirst() -> int:
     """K3FUSE_MLA_QFIRST=1: the per-head kernel that computes q itself loads cq[m] and the q_a norm weight before the
     first tile's cache rows (40 KB per CTA from HBM, issued right after the chain's wait) instead of after them, so
-    that the q phase's first L2 round trip is not queued behind them. Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_MLA_QFIRST", "0") == "1"
+    that the q phase's first L2 round trip is not queued behind them; 2: and issues those rows only once cq has landed.
+    0: after them. Read when a kernel is rendered."""
+    v = os.environ.get("K3FUSE_MLA_QFIRST", "0")
+    if v not in ("0", "1", "2"):
+        raise ValueError(f"K3FUSE_MLA_QFIRST={v!r}: 0, 1 or 2")
+    return int(v)
 
 
 def heads_mma_supports(r: int, C: int) -> Optional[str]:
@@ -686,7 +690,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst_on())
+            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
@@ -699,7 +703,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
                                                      q=_dtname(q_dtype), scale=float(scale), append_eps=eps,
                                                      gate=bool(gate), out=_dtname(out_dtype), cluster=int(cl),
                                                      mma=heads_mma(r, C),
-                                                     **(dict(q_eps=qb[1], qfirst=qfirst_on()) if qb else {})))
+                                                     **(dict(q_eps=qb[1], qfirst=qfirst()) if qb else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
