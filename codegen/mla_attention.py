@@ -623,7 +623,7 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
                 **({"STAMPS": True} if stamps_on() and cl > 1 else {}),     # absent when off: the same source
                 **({"PUSH": True} if push_on() and cl > 1 else {}),
                 **({"MMA": True} if heads_mma(r, C) else {}),
-                **({"QFIRST": qfirst()} if qfirst() and qb is not None else {}),
+                **({"QFIRST": True} if qfirst_on() and qb is not None else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -652,15 +652,13 @@ def heads_mma_on() -> bool:
     return os.environ.get("K3FUSE_MLA_HEADS_MMA", "1") != "0"
 
 
-def qfirst() -> int:
-    """K3FUSE_MLA_QFIRST=1: the per-head kernel that computes q itself loads cq[m] and the q_a norm weight before the
-    first tile's cache rows (40 KB per CTA from HBM, issued right after the chain's wait) instead of after them, so
-    that the q phase's first L2 round trip is not queued behind them; 2: and issues those rows only once cq has landed.
-    0: after them. Read when a kernel is rendered."""
-    v = os.environ.get("K3FUSE_MLA_QFIRST", "0")
-    if v not in ("0", "1", "2"):
-        raise ValueError(f"K3FUSE_MLA_QFIRST={v!r}: 0, 1 or 2")
-    return int(v)
+def qfirst_on() -> bool:
+    """K3FUSE_MLA_QFIRST (default 1): the per-head kernel that computes q itself loads cq[m] and the q_a norm weight
+    before the first tile's cache rows (40 KB per CTA, issued right after the chain's wait; their issue takes ~1600 SM
+    clocks) instead of after them: cq lands ~950 clocks sooner (H200 stamps, TP16 M = 1), the layer -1.06 us [-2.21,
+    -0.47], 13 / 16 pairs at TP16 M = 1, -0.30 [-0.98, +0.36] at M = 2 (RESULTS.md "Session 29"). 0: after them.
+    Read when a kernel is rendered."""
+    return os.environ.get("K3FUSE_MLA_QFIRST", "1") != "0"
 
 
 def heads_mma_supports(r: int, C: int) -> Optional[str]:
@@ -690,7 +688,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst())
+            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst_on())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
@@ -703,7 +701,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
                                                      q=_dtname(q_dtype), scale=float(scale), append_eps=eps,
                                                      gate=bool(gate), out=_dtname(out_dtype), cluster=int(cl),
                                                      mma=heads_mma(r, C),
-                                                     **(dict(q_eps=qb[1], qfirst=qfirst()) if qb else {})))
+                                                     **(dict(q_eps=qb[1], qfirst=qfirst_on()) if qb else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
