@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s87            # K3FUSE_MLA_HEADS_TMA: tests, A/Bs TP16 M = 1 and per head TP8, stamps, memcheck
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s86            # K3FUSE_MLA_QFIRST=2: tests, stamps, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s85            # K3FUSE_MLA_QFIRST: tests, q-phase stamps, A/Bs TP16 M = 1, 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s83            # the TP16 M = 1 rows with max-autotune; TP16 M = 2, 4 ledger without PDL (s84: the TP8 M = 1 rows)
@@ -683,6 +684,18 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s87 ]; then      # session 29: K3FUSE_MLA_HEADS_TMA (the MMA tiles' rows by bulk copies into shared
+    # memory): tests (bitwise the register loads), A/Bs TP16 M = 1 and per head at TP8 M = 1 (against the three
+    # launches, TMA on), the stamps, memcheck last (cut first if the device time runs out)
+    pytests tma 150 tests/test_mla_heads_gpu.py -k "tma"
+    ab_run tma_tp16_m1 130 --var K3FUSE_MLA_HEADS_TMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
+    K3FUSE_MLA_HEADS_TMA=1 ab_run tma_heads_tp8_m1 130 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
+    K3FUSE_MLA_HEADS_TMA=1 timeout 80 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16 --qb 1 \
+        > "$L/timeline_tma.txt" 2>&1
+    echo "mla_timeline TMA rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline_tma.txt" | tail -21 | tee -a "$S"
+    cp "$L/mla_timeline.json" "$OUT/mla_timeline_tma.json" 2>/dev/null
+    memcheck memcheck_tma 90 tests/test_mla_heads_gpu.py -k "tma_is_bitwise and 1-6-1024-seq_lens0-16"
+    tar czf "$OUT/logs_s87.tgz" -C "$L" .
 elif [ "$part" = s86 ]; then      # session 29: K3FUSE_MLA_QFIRST=2 (also the first tile's rows after cq has landed): tests,
     # stamps, A/Bs (1 -> 2 at TP16 M = 1, 0 -> 2 at M = 2)
     pytests qfirst2 200 tests/test_mla_heads_gpu.py -k "qb"
