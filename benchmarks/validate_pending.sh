@@ -135,6 +135,14 @@ ab_run() {      # ab_run TAG TIMEOUT LAYER_AB_ARGS...: one layer_ab.py A/B, its 
     echo "layer_ab $tag ($*) rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_$tag.txt" | tee -a "$S"
     cp "$L/layer_ab_$tag.json" "$OUT/" 2>/dev/null
 }
+timeline() {    # timeline TAG [VAR=VALUE ...]: mla_timeline.py at TP16 M = 1 (clusters of 16, q inside) with those settings,
+    # its table into the summary, its JSON into $OUT
+    local tag=$1; shift
+    env "$@" timeout 80 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16 --qb 1 \
+        > "$L/timeline_$tag.txt" 2>&1
+    echo "mla_timeline $tag ($*) rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline_$tag.txt" | tail -21 | tee -a "$S"
+    cp "$L/mla_timeline.json" "$OUT/mla_timeline_$tag.json" 2>/dev/null
+}
 sweep_copies() {    # sweep_copies TIMEOUT BUDGET: moe_sweep TP8 M = 1 (KS, LPR from the table) with 1 and 2 weight copies
     for c in 1 2; do
         timeout "$1" python3 benchmarks/moe_sweep.py --out "$L" --tp 8 --ms 1 --from-table --knobs KS,LPR --copies $c \
@@ -690,31 +698,20 @@ elif [ "$part" = s87 ]; then      # session 29: K3FUSE_MLA_HEADS_TMA (the MMA ti
     pytests tma 150 tests/test_mla_heads_gpu.py -k "tma"
     ab_run tma_tp16_m1 130 --var K3FUSE_MLA_HEADS_TMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     K3FUSE_MLA_HEADS_TMA=1 ab_run tma_heads_tp8_m1 130 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
-    K3FUSE_MLA_HEADS_TMA=1 timeout 80 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16 --qb 1 \
-        > "$L/timeline_tma.txt" 2>&1
-    echo "mla_timeline TMA rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline_tma.txt" | tail -21 | tee -a "$S"
-    cp "$L/mla_timeline.json" "$OUT/mla_timeline_tma.json" 2>/dev/null
+    timeline tma K3FUSE_MLA_HEADS_TMA=1
     memcheck memcheck_tma 90 tests/test_mla_heads_gpu.py -k "tma_is_bitwise and 1-6-1024-seq_lens0-16"
     tar czf "$OUT/logs_s87.tgz" -C "$L" .
 elif [ "$part" = s86 ]; then      # session 29: K3FUSE_MLA_QFIRST=2 (also the first tile's rows after cq has landed): tests,
     # stamps, A/Bs (1 -> 2 at TP16 M = 1, 0 -> 2 at M = 2)
     pytests qfirst2 200 tests/test_mla_heads_gpu.py -k "qb"
-    K3FUSE_MLA_QFIRST=2 timeout 80 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16 --qb 1 \
-        > "$L/timeline_qf2.txt" 2>&1
-    echo "mla_timeline QFIRST=2 rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline_qf2.txt" | tail -21 | tee -a "$S"
-    cp "$L/mla_timeline.json" "$OUT/mla_timeline_qfirst_2.json" 2>/dev/null
+    timeline qfirst_2 K3FUSE_MLA_QFIRST=2
     ab_run qfirst12_tp16_m1 130 --var K3FUSE_MLA_QFIRST=1,2 --kinds mla --tp 16 --ms 1 --pairs 16
     ab_run qfirst02_tp16_m2 130 --var K3FUSE_MLA_QFIRST=0,2 --kinds mla --tp 16 --ms 2 --pairs 16
     tar czf "$OUT/logs_s86.tgz" -C "$L" .
 elif [ "$part" = s85 ]; then      # session 29: K3FUSE_MLA_QFIRST (cq's loads before the first tile's rows): tests, the q
     # phase's stamps both ways, A/Bs at TP16 M = 1, 2 (the per-head kernel computing q, the default there)
     pytests qfirst 200 tests/test_mla_heads_gpu.py -k "qb"
-    for qf in 0 1; do
-        K3FUSE_MLA_QFIRST=$qf timeout 80 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16 --qb 1 \
-            > "$L/timeline_qf$qf.txt" 2>&1
-        echo "mla_timeline QFIRST=$qf rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline_qf$qf.txt" | tail -21 | tee -a "$S"
-        cp "$L/mla_timeline.json" "$OUT/mla_timeline_qfirst_$qf.json" 2>/dev/null
-    done
+    for qf in 0 1; do timeline qfirst_$qf K3FUSE_MLA_QFIRST=$qf; done
     ab_run qfirst_tp16_m1 130 --var K3FUSE_MLA_QFIRST=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     ab_run qfirst_tp16_m2 130 --var K3FUSE_MLA_QFIRST=0,1 --kinds mla --tp 16 --ms 2 --pairs 16
     tar czf "$OUT/logs_s85.tgz" -C "$L" .
@@ -749,12 +746,7 @@ elif [ "$part" = s81 ]; then      # written in session 28 after its device time 
 elif [ "$part" = s80 ]; then      # session 28: the MMA tile's phases (stamps inside the first tile) and K3FUSE_MLA_TILE2
     # (two score chains, the softmax in every warp: one CTA barrier fewer per tile): tests, stamps both ways, A/Bs
     K3FUSE_MLA_TILE2=1 pytests tile2 150 tests/test_mla_heads_gpu.py -k "mma_matches or bitwise or (append and 1-)"
-    for t2 in 0 1; do
-        K3FUSE_MLA_TILE2=$t2 timeout 80 python3 benchmarks/mla_timeline.py --out "$L" --tp 16 --ms 1 --cls 16 --qb 1 \
-            > "$L/timeline_t2$t2.txt" 2>&1
-        echo "mla_timeline TILE2=$t2 rc=$?" | tee -a "$S"; grep -v '^{' "$L/timeline_t2$t2.txt" | tail -18 | tee -a "$S"
-        cp "$L/mla_timeline.json" "$OUT/mla_timeline_tile2_$t2.json" 2>/dev/null
-    done
+    for t2 in 0 1; do timeline tile2_$t2 K3FUSE_MLA_TILE2=$t2; done
     ab_run tile2_tp16_m1 130 --var K3FUSE_MLA_TILE2=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     K3FUSE_MLA_HEADS=1 ab_run tile2_heads_tp8_m1 130 --var K3FUSE_MLA_TILE2=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
     tar czf "$OUT/logs_s80.tgz" -C "$L" .
