@@ -315,10 +315,12 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                              shape=dict(h=h, n=n, v=v, r=r, C=C, **({"q_lora": ql} if qb else {})), bucket=bs[0],
                              config=dict(variant="heads", scale=(n + r) ** -0.5, buckets=bs, cluster=cl,
                                          append_eps=cfg.mla_lora_norm_eps, gate=True, out="bfloat16",
-                                         **({"q_eps": cfg.mla_lora_norm_eps} if qb else {}),
+                                         **({"q_eps": cfg.mla_lora_norm_eps, "qfirst": mla_attention.qfirst_on()}
+                                            if qb else {}),
                                          # what build_heads reads from the environment: the gathers, the tiles
                                          push=cl > 1 and mla_attention.push_on(),
-                                         mma=mla_attention.heads_mma(r, C)),
+                                         mma=mla_attention.heads_mma(r, C),
+                                         tma=mla_attention.heads_tma(r, C, cl)),
                              name=f"mla_{'qb_' if qb else ''}append_attention_heads_h{h}_c{C}_cl{cl}"))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp

@@ -821,8 +821,11 @@ def test_kernels_cli_builds_the_per_head_job(isolated_kernel_cache):
     ptx = open(k.files["kernel.ptx"]).read()
     assert "PUSH=True" in k.source and "st.async.shared::cluster" in ptx
     # the manifest says which gathers and tiles the kernel has (both read from the environment by build_heads)
-    assert job["config"]["push"] is True and job["config"]["mma"] is True
-    assert "MMA=True" in k.source and "movmatrix.sync.aligned" in ptx
+    assert job["config"]["push"] is True and job["config"]["mma"] is True and job["config"]["tma"] is False
+    assert "MMA=True" in k.source and "movmatrix.sync.aligned" in ptx and "TMA=True" not in k.source
+    # q inside at bucket 2 (clusters of 8): cq first, the default
+    assert job["op"] == "k3fuse::mla_qb_append_attention_" and job["config"]["qfirst"] is True
+    assert "QFIRST=True" in k.source
     assert ma.heads_choice(2, 6) and ma.heads_choice(1, 6) and not ma.heads_choice(2, 12) and not ma.heads_choice(4, 6)
 
 
