@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s88            # (not run) ncu stall reasons of the per-head kernel, TMA 0 / 1
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s87            # K3FUSE_MLA_HEADS_TMA: tests, A/Bs TP16 M = 1 and per head TP8, stamps, memcheck
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s86            # K3FUSE_MLA_QFIRST=2: tests, stamps, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s85            # K3FUSE_MLA_QFIRST: tests, q-phase stamps, A/Bs TP16 M = 1, 2
@@ -692,9 +693,21 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
-elif [ "$part" = s87 ]; then      # session 29: K3FUSE_MLA_HEADS_TMA (the MMA tiles' rows by bulk copies into shared
-    # memory): tests (bitwise the register loads), A/Bs TP16 M = 1 and per head at TP8 M = 1 (against the three
-    # launches, TMA on), the stamps, memcheck last (cut first if the device time runs out)
+elif [ "$part" = s88 ]; then      # session 29 (not run): what stalls the per-head kernel's warps, register tile loads vs
+    # bulk copies (K3FUSE_MLA_HEADS_TMA=0 / 1): ncu's warp-state stall reasons on the kernel alone (6 heads, clusters
+    # of 16); "Stall LG Throttle" high with TMA=0 would confirm that issuing the rows' loads is the tiles' time
+    for tma in 0 1; do
+        K3FUSE_MLA_HEADS_TMA=$tma timeout 150 ncu --kernel-name regex:heads_kernel --launch-count 2 \
+            --section WarpStateStats --section LaunchStats --section Occupancy --print-details all \
+            python3 benchmarks/mla_tiles_probe.py --out "$L" --heads 6 --copies 4 --replays 1 > "$L/ncu_heads_tma$tma.txt" 2>&1
+        echo "ncu heads TMA=$tma rc=$?" | tee -a "$S"
+        grep -E "Stall|Warp Cycles Per Issued|Registers Per Thread|Duration|ERR" "$L/ncu_heads_tma$tma.txt" | head -40 \
+            | tee -a "$S"
+    done
+    tar czf "$OUT/logs_s88.tgz" -C "$L" .
+elif [ "$part" = s87 ]; then      # session 29 (cut: the machine was taken back mid-run): K3FUSE_MLA_HEADS_TMA (the MMA
+    # tiles' rows by bulk copies into shared memory): tests (bitwise the register loads), A/Bs TP16 M = 1 and per
+    # head at TP8 M = 1 (against the three launches, TMA on), the stamps, memcheck last (cut first if time runs out)
     pytests tma 150 tests/test_mla_heads_gpu.py -k "tma"
     ab_run tma_tp16_m1 130 --var K3FUSE_MLA_HEADS_TMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     K3FUSE_MLA_HEADS_TMA=1 ab_run tma_heads_tp8_m1 130 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
