@@ -35,8 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s88            # (not run) ncu stall reasons of the per-head kernel, TMA 0 / 1
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s87            # K3FUSE_MLA_HEADS_TMA: tests, A/Bs TP16 M = 1 and per head TP8, stamps, memcheck
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s89            # per-head tests; ncu of the per-head tiles and the experts; M = 1 rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s87            # K3FUSE_MLA_HEADS_TMA (since removed): tests, A/Bs TP16 M = 1 and per head TP8, stamps, memcheck
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s86            # K3FUSE_MLA_QFIRST=2: tests, stamps, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s85            # K3FUSE_MLA_QFIRST: tests, q-phase stamps, A/Bs TP16 M = 1, 2
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s83            # the TP16 M = 1 rows with max-autotune; TP16 M = 2, 4 ledger without PDL (s84: the TP8 M = 1 rows)
@@ -693,19 +693,29 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
-elif [ "$part" = s88 ]; then      # session 29 (not run): what stalls the per-head kernel's warps, register tile loads vs
-    # bulk copies (K3FUSE_MLA_HEADS_TMA=0 / 1): ncu's warp-state stall reasons on the kernel alone (6 heads, clusters
-    # of 16); "Stall LG Throttle" high with TMA=0 would confirm that issuing the rows' loads is the tiles' time
-    for tma in 0 1; do
-        K3FUSE_MLA_HEADS_TMA=$tma timeout 150 ncu --kernel-name regex:heads_kernel --launch-count 2 \
-            --section WarpStateStats --section LaunchStats --section Occupancy --print-details all \
-            python3 benchmarks/mla_tiles_probe.py --out "$L" --heads 6 --copies 4 --replays 1 > "$L/ncu_heads_tma$tma.txt" 2>&1
-        echo "ncu heads TMA=$tma rc=$?" | tee -a "$S"
-        grep -E "Stall|Warp Cycles Per Issued|Registers Per Thread|Duration|ERR" "$L/ncu_heads_tma$tma.txt" | head -40 \
-            | tee -a "$S"
-    done
-    tar czf "$OUT/logs_s88.tgz" -C "$L" .
-elif [ "$part" = s87 ]; then      # session 29 (cut: the machine was taken back mid-run): K3FUSE_MLA_HEADS_TMA (the MMA
+elif [ "$part" = s89 ]; then      # session 30 (after s87 measured the bulk-copied tiles slower: removed): the per-head
+    # GPU tests on the restored source; what limits the per-head kernel's tiles (ncu: stall reasons, L2 -> L1 bytes per
+    # SM per clock; the kernel alone, 6 heads, clusters of 16) and the routed experts at TP16 M = 1 (in the layer,
+    # no PDL chain); the M = 1 rows with k3fuse only (QFIRST default since session 29)
+    pytests heads_sub 130 tests/test_mla_heads_gpu.py::test_qb_op_matches_reference \
+        tests/test_mla_heads_gpu.py::test_qb_qfirst_is_bitwise_the_same tests/test_mla_heads_gpu.py::test_heads_push_is_bitwise_the_loads \
+        tests/test_mla_heads_gpu.py::test_heads_append_gate_matches_reference
+    NCUM="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,l1tex__m_xbar2l1tex_read_bytes.sum"
+    NCUM="$NCUM,dram__bytes_read.sum,gpu__time_duration.sum,sm__cycles_elapsed.max,sm__cycles_active.avg"
+    NCUM="$NCUM,smsp__inst_executed.sum,launch__grid_size,launch__registers_per_thread"
+    timeout 100 ncu --kernel-name regex:heads_kernel --launch-skip 2 --launch-count 1 --metrics "$NCUM" \
+        python3 benchmarks/mla_tiles_probe.py --out "$L" --heads 6 --copies 4 --replays 1 > "$L/ncu_heads.txt" 2>&1
+    echo "ncu heads rc=$?" | tee -a "$S"; grep -E "^  [a-z]|ERR" "$L/ncu_heads.txt" | sort -k3 -g | tail -32 | tee -a "$S"
+    K3FUSE_PDL_CHAIN=0 timeout 150 ncu --kernel-name regex:"up_kernel|down_kernel" --launch-skip 2 --launch-count 2 \
+        --metrics "$NCUM" python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp 16 --ms 1 \
+        --skip eager,inductor --tag _ncu > "$L/ncu_moe.txt" 2>&1
+    echo "ncu moe rc=$?" | tee -a "$S"; grep -E "^  [a-z_]+kernel|^  [a-z]|ERR" "$L/ncu_moe.txt" | tee -a "$S"
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 1 --skip eager,inductor \
+        --top 12 --tag _m1_k3 > "$L/lb_m1_k3.txt" 2>&1
+    echo "layer M=1 k3fuse rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_k3.txt" | tee -a "$S"
+    cp "$L"/layer_bench_m1_k3.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s89.tgz" -C "$L" .
+elif [ "$part" = s87 ]; then      # session 29 (cut: the machine was taken back mid-run; run in session 30, then removed): K3FUSE_MLA_HEADS_TMA (the MMA
     # tiles' rows by bulk copies into shared memory): tests (bitwise the register loads), A/Bs TP16 M = 1 and per
     # head at TP8 M = 1 (against the three launches, TMA on), the stamps, memcheck last (cut first if time runs out)
     pytests tma 150 tests/test_mla_heads_gpu.py -k "tma"

@@ -319,8 +319,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                                             if qb else {}),
                                          # what build_heads reads from the environment: the gathers, the tiles
                                          push=cl > 1 and mla_attention.push_on(),
-                                         mma=mla_attention.heads_mma(r, C),
-                                         tma=mla_attention.heads_tma(r, C, cl)),
+                                         mma=mla_attention.heads_mma(r, C)),
                              name=f"mla_{'qb_' if qb else ''}append_attention_heads_h{h}_c{C}_cl{cl}"))
     E, D, KT = cfg.num_experts, cfg.routed_expert_hidden_size, cfg.num_experts_per_token
     I = cfg.moe_intermediate_size // tp

@@ -624,7 +624,6 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
                 **({"PUSH": True} if push_on() and cl > 1 else {}),
                 **({"MMA": True} if heads_mma(r, C) else {}),
                 **({"QFIRST": True} if qfirst_on() and qb is not None else {}),
-                **({"TMA": True} if heads_tma(r, C, cl) else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -662,19 +661,6 @@ def qfirst_on() -> bool:
     return os.environ.get("K3FUSE_MLA_QFIRST", "1") != "0"
 
 
-def heads_tma_on() -> bool:
-    """K3FUSE_MLA_HEADS_TMA=1: the per-head kernel's MMA tiles (with clusters) take each tile's cache rows from shared
-    memory, brought there by the copy engine (a bulk copy per row, two buffers on mbarriers), instead of loading them
-    into the A fragments from global memory (whose issue took ~1600 SM clocks per tile: H200 stamps, session 29). Read
-    when a kernel is rendered."""
-    return os.environ.get("K3FUSE_MLA_HEADS_TMA", "0") == "1"
-
-
-def heads_tma(r: int, C: int, cl: int) -> bool:
-    """Whether a per-head kernel gets the bulk-copied tile rows: the knob on, the MMA tiles, a cluster."""
-    return heads_tma_on() and heads_mma(r, C) and cl > 1
-
-
 def heads_mma_supports(r: int, C: int) -> Optional[str]:
     """None if the tensor-core tiles cover these widths: 8 warps as 2 token blocks of 16 x 4 groups of latent
     32-column steps, rope in 32-column steps; else why not."""
@@ -702,7 +688,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst_on(), heads_tma_on())
+            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst_on())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
@@ -715,7 +701,6 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
                                                      q=_dtname(q_dtype), scale=float(scale), append_eps=eps,
                                                      gate=bool(gate), out=_dtname(out_dtype), cluster=int(cl),
                                                      mma=heads_mma(r, C),
-                                                     tma=heads_tma(r, C, cl),
                                                      **(dict(q_eps=qb[1], qfirst=qfirst_on()) if qb else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k

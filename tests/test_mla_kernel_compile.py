@@ -821,8 +821,8 @@ def test_kernels_cli_builds_the_per_head_job(isolated_kernel_cache):
     ptx = open(k.files["kernel.ptx"]).read()
     assert "PUSH=True" in k.source and "st.async.shared::cluster" in ptx
     # the manifest says which gathers and tiles the kernel has (both read from the environment by build_heads)
-    assert job["config"]["push"] is True and job["config"]["mma"] is True and job["config"]["tma"] is False
-    assert "MMA=True" in k.source and "movmatrix.sync.aligned" in ptx and "TMA=True" not in k.source
+    assert job["config"]["push"] is True and job["config"]["mma"] is True
+    assert "MMA=True" in k.source and "movmatrix.sync.aligned" in ptx
     # q inside at bucket 2 (clusters of 8): cq first, the default
     assert job["op"] == "k3fuse::mla_qb_append_attention_" and job["config"]["qfirst"] is True
     assert "QFIRST=True" in k.source
@@ -849,30 +849,3 @@ def test_mla_heads_qfirst_kernel_compiles(arch, cl, monkeypatch, isolated_kernel
     plain = ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(6, **K3, scale=SCALE, cl=cl))
     monkeypatch.setenv("K3FUSE_MLA_QFIRST", "0")
     assert plain == ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(6, **K3, scale=SCALE, cl=cl))
-
-
-@pytest.mark.parametrize("arch,cl,qb", [("sm_90a", 16, True), ("sm_100a", 8, True), ("sm_90a", 8, False)])
-def test_mla_heads_tma_kernel_compiles(arch, cl, qb, monkeypatch, isolated_kernel_cache):
-    """K3FUSE_MLA_HEADS_TMA=1 (MMA tiles with clusters): the tiles' rows arrive by bulk copies (one per row issued by
-    warp 0's lanes on two more mbarriers) and the A fragments are read from shared memory: the 128-bit global loads of
-    the rows go (only cq's, the new row's and the gate's remain), the MMAs and movmatrix stay as they were; one row
-    register buffer instead of two. Off, the source has none of it."""
-    pytest.importorskip("cutlass")
-    off, k = _off_and_on(monkeypatch, "K3FUSE_MLA_HEADS_TMA", arch, 6, cl, qb)
-    assert "bulkt" not in off and "sT8" not in off
-    assert "bulkt" in k.source and "nxt =" not in k.source
-    body = entries(open(k.files["kernel.ptx"]).read())["heads_kernel"]
-    ls = K3["C"] // 32 // 4
-    per_tile = 2 * (ls + 1) + 2 * ls
-    assert count(body, r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == 2 * per_tile
-    assert count(body, r"movmatrix\.sync\.aligned\.m8n8\.trans\.b16") == 2 * 4 * 2 * ls
-    # bulk copies: the weights' (as without TMA) + the rows' at three sites (the first tile; the next tile's, issued in
-    # each of the loop body's two tiles), which replace the 10 register loads per thread of each site
-    monkeypatch.setenv("K3FUSE_MLA_HEADS_TMA", "0")
-    base = ma.build_heads(6, **K3, scale=SCALE, arch=arch, load=False, cl=cl, append_eps=1e-6, gate=True,
-                          out_dtype="bfloat16", qb=(1536, 1e-6) if qb else None)
-    body0 = entries(open(base.files["kernel.ptx"]).read())["heads_kernel"]
-    bulk = r"cp\.async\.bulk\.shared::cluster\.global"
-    assert count(body, bulk) == count(body0, bulk) + 3
-    v4 = r"ld\.global(\.[a-z]+)*\.v4"
-    assert count(body, v4) == count(body0, v4) - 3 * 2 * (ls + 1)
