@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s90            # TP16 M = 1 rows at 2 and 16 layers per graph (graph launch cost)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s89            # per-head tests; ncu of the per-head tiles and the experts; M = 1 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s87            # K3FUSE_MLA_HEADS_TMA (since removed): tests, A/Bs TP16 M = 1 and per head TP8, stamps, memcheck
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s86            # K3FUSE_MLA_QFIRST=2: tests, stamps, A/Bs
@@ -693,6 +694,21 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s90 ]; then      # session 30: how much of a row's graph time is the graph launch's own cost (s89: graph
+    # 93.1 / 100.7 us against kernel sums 83.8 / 86.8 at TP16 M = 1; session 29's machine: 86.6 / 87.2): the same rows
+    # with 2 layers per graph (the tables' setting) and 16, one process each, twice in alternation; the driver and clocks
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv | tee -a "$S"
+    for rep in 1 2; do
+        for gr in 1 8; do
+            timeout 140 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --skip inductor \
+                --graph-rounds $gr --tag _gr${gr}_$rep > "$L/lb_gr${gr}_$rep.txt" 2>&1
+            echo "layer graph-rounds $gr ($rep) rc=$? $(grep -E '^(kda|mla) +16 ' "$L/lb_gr${gr}_$rep.txt" | tr -s ' ' | tr '\n' '|')" \
+                | tee -a "$S"
+            grep -E "of kernel time" "$L/lb_gr${gr}_$rep.txt" | tee -a "$S"
+            cp "$L/layer_bench_gr${gr}_$rep.json" "$OUT/" 2>/dev/null
+        done
+    done
+    tar czf "$OUT/logs_s90.tgz" -C "$L" .
 elif [ "$part" = s89 ]; then      # session 30 (after s87 measured the bulk-copied tiles slower: removed): the per-head
     # GPU tests on the restored source; what limits the per-head kernel's tiles (ncu: stall reasons, L2 -> L1 bytes per
     # SM per clock; the kernel alone, 6 heads, clusters of 16) and the routed experts at TP16 M = 1 (in the layer,
