@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s91            # per head vs three launches at TP8 M = 1; every per-head GPU test
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s90            # TP16 M = 1 rows at 2 and 16 layers per graph (graph launch cost)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s89            # per-head tests; ncu of the per-head tiles and the experts; M = 1 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s87            # K3FUSE_MLA_HEADS_TMA (since removed): tests, A/Bs TP16 M = 1 and per head TP8, stamps, memcheck
@@ -694,6 +695,12 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s91 ]; then      # session 30: per head against the three launches at TP8 M = 1 on today's kernel (MMA
+    # tiles, pushes, cq first; last A/B'd with pushes only, session 27: +2.5 us), then every per-head GPU test on the
+    # source restored after the bulk-copy tiles' removal
+    ab_run heads_tp8_m1 140 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
+    pytests heads 330 tests/test_mla_heads_gpu.py
+    tar czf "$OUT/logs_s91.tgz" -C "$L" .
 elif [ "$part" = s90 ]; then      # session 30: how much of a row's graph time is the graph launch's own cost (s89: graph
     # 93.1 / 100.7 us against kernel sums 83.8 / 86.8 at TP16 M = 1; session 29's machine: 86.6 / 87.2): the same rows
     # with 2 layers per graph (the tables' setting) and 16, one process each, twice in alternation; the driver and clocks
