@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s92            # the M = 1 per-kernel ledger without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s91            # per head vs three launches at TP8 M = 1; every per-head GPU test
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s90            # TP16 M = 1 rows at 2 and 16 layers per graph (graph launch cost)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s89            # per-head tests; ncu of the per-head tiles and the experts; M = 1 rows
@@ -695,6 +696,14 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s92 ]; then      # session 30: the M = 1 per-kernel ledger without the PDL chain (each kernel's own time,
+    # not its wait on the previous one), TP16 and TP8, both kinds, k3fuse only
+    K3FUSE_PDL_CHAIN=0 timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 1 \
+        --skip inductor --top 16 --tag _m1_pdl0 > "$L/lb_m1_pdl0.txt" 2>&1
+    echo "layer M=1 PDL_CHAIN=0 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m1_pdl0.txt" | grep -E "^(kda|mla) |^k3fuse|^ +[0-9]" \
+        | cut -c1-90 | tee -a "$S"
+    cp "$L"/layer_bench_m1_pdl0.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s92.tgz" -C "$L" .
 elif [ "$part" = s91 ]; then      # session 30: per head against the three launches at TP8 M = 1 on today's kernel (MMA
     # tiles, pushes, cq first; last A/B'd with pushes only, session 27: +2.5 us), then every per-head GPU test on the
     # source restored after the bulk-copy tiles' removal
