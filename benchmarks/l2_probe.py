@@ -56,7 +56,7 @@ def main():
                  sum_hbm_us=sum_hbm, sum_l2_us=sum_l2)
         rows.append(r)
         print(json.dumps(r), flush=True)
-        del ws
+        ws.clear()
         torch.cuda.empty_cache()
     print(f"{'N x K':>12} {'MB':>6} {'floor':>6} {'gemv HBM':>9} {'gemv L2':>8} {'sum HBM':>8} {'sum L2':>7}"
           f" {'GB/s gemv HBM/L2':>17} {'sum HBM/L2':>11}")
