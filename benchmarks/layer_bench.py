@@ -33,6 +33,8 @@ from torch import nn
 
 from gpu_kernels import copy_bandwidth, graph_time  # the same copy-bandwidth and graph timing
 
+import op_ledger
+from k3fuse import backend as k3backend
 from k3fuse.models import KimiK3Cache, KimiK3Config
 from k3fuse.models.modeling_kimi_k3 import TP, KimiK3DecoderLayer, init_tensor
 
@@ -112,16 +114,23 @@ def clone_inputs(inp):
                                                  c.seq_lens.clone())]
 
 
-def floor_bytes(cfg, m: OneLayer, inp, M) -> int:
-    """Bytes the layer must move: every weight it reads once (experts: only those chosen), state read + written."""
+def chosen_experts(cfg, m: OneLayer, M) -> int:
+    """Distinct experts the router picks for M random rows (at M = 1 exactly top-k): the experts a step reads."""
+    x = torch.randn(M, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
+    ids, _ = m.layer.mlp.gate(x)
+    return ids.unique().numel()
+
+
+def floor_bytes(cfg, m: OneLayer, inp, M, distinct: int | None = None) -> int:
+    """Bytes the layer must move: every weight it reads once (experts: the `distinct` chosen, by default those of
+    chosen_experts), state read + written."""
+    if distinct is None:
+        distinct = chosen_experts(cfg, m, M)
     n = 0
     moe = m.layer.mlp
     for name, p in m.named_parameters():
         if "experts.w" not in name:
             n += p.numel() * p.element_size()
-    x = torch.randn(M, cfg.hidden_size, device="cuda", dtype=torch.bfloat16)
-    ids, _ = moe.gate(x)
-    distinct = ids.unique().numel()
     per_expert = (moe.experts.w13_weight[0].numel() + moe.experts.w2_weight[0].numel()) * 2
     n += distinct * per_expert
     c = inp[-1]
@@ -142,13 +151,14 @@ def time_graph(fn, copies, reps=20, per_copy=1):
                       len(copies) * per_copy, reps)[0]
 
 
-def profile_kernels(fn, m, inp):
-    """Kernels of one un-graphed call: (count, [(name, total us, launches)] by total time). The times are kernel
-    durations only (no launch gaps), so their sum is below the graph-replayed time per layer."""
+def profile_kernels(fn, m, inp, with_ops=False):
+    """Kernels of one un-graphed call: (count, [(name, total us, launches)] by total time, the profiler's events
+    with the CPU ops too if with_ops, else None). The times are kernel durations only (no launch gaps), so their sum is
+    below the graph-replayed time per layer."""
     from torch.profiler import ProfilerActivity, profile
     fn(m, *inp)
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if with_ops else [])) as prof:
         fn(m, *inp)
         torch.cuda.synchronize()
     evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
@@ -158,7 +168,19 @@ def profile_kernels(fn, m, inp):
         t, c = agg.get(e.name, (0.0, 0))
         agg[e.name] = (t + e.time_range.elapsed_us(), c + 1)
     top = sorted(((n[:90], round(t, 1), c) for n, (t, c) in agg.items()), key=lambda r: -r[1])
-    return len(evs), top
+    return len(evs), top, (prof.events() if with_ops else None)
+
+
+def ledger(pipes, events, cfg, distinct, bw) -> dict:
+    """The k3fuse op ledger of one row (benchmarks/op_ledger.py): bytes per op call of the compiled graphs, the
+    device time of its kernels in the profiled call. Never fails the row: an error is recorded instead."""
+    try:
+        rows = [r for p in pipes if p.graph_module is not None
+                for r in op_ledger.op_bytes(p.graph_module, cfg.num_experts, distinct)]
+        op_ledger.add_times(rows, events or [])
+        return {"k3fuse_op_ledger": op_ledger.ledger_rows(rows, bw)}
+    except Exception as e:
+        return {"k3fuse_op_ledger_error": f"{type(e).__name__}: {e}"[:300]}
 
 
 def rel(a, b):
@@ -221,22 +243,26 @@ def main():
                 base = make_inputs(cfg, layers[0], M)
                 row = {"kind": kind, "tp": tp, "M": M, "gpu": gpu, "date": date, "copy_TBps": round(bw / 1e12, 3),
                        "period": args.period, "graph_rounds": args.graph_rounds}
-                fb = floor_bytes(cfg, layers[0], base, M)
+                distinct = chosen_experts(cfg, layers[0], M)
+                fb = floor_bytes(cfg, layers[0], base, M, distinct)
                 row["floor_MB"], row["floor_us"] = round(fb / 1e6, 1), round(fb / bw * 1e6, 1)
                 ref = vs["eager"](layers[0], *clone_inputs(base))
                 for name, fn in vs.items():
                     try:
                         t0 = time.perf_counter()
+                        n_pipes = len(k3backend.LAST_PIPELINES)
                         got = fn(layers[0], *clone_inputs(base))
+                        pipes = k3backend.LAST_PIPELINES[n_pipes:]      # the graphs of this first (compiling) call
                         row[f"{name}_first_call_s"] = round(time.perf_counter() - t0, 1)
                         row[f"{name}_rel_err"] = max(rel(g, r) for g, r in zip(got, ref))
                         copies = [(l, clone_inputs(base)) for l in layers]
                         row[f"{name}_us"] = round(time_graph(fn, copies, per_copy=args.graph_rounds), 1)
-                        n, top = profile_kernels(fn, layers[0], clone_inputs(base))
+                        n, top, evs = profile_kernels(fn, layers[0], clone_inputs(base), with_ops=name == "k3fuse")
                         row[f"{name}_kernels"] = n
                         if name == "k3fuse":
                             row["k3fuse_kernel_us"] = round(sum(t for _, t, _ in top), 1)
                             row["k3fuse_top_kernels"] = top[:args.top]
+                            row.update(ledger(pipes, evs, cfg, distinct, bw))
                     except Exception as e:
                         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:400]
                 row["kernels_per_layer"] = row.get("k3fuse_kernels")
@@ -259,6 +285,12 @@ def main():
                   f"kernel's time includes its wait for the previous one); top:")
             for n, t, c in r["k3fuse_top_kernels"]:
                 print(f"  {t:>7.1f} us  x{c:<3} {n}")
+        if r.get("k3fuse_op_ledger"):
+            print(f"k3fuse {r['kind']} tp{r['tp']} M{r['M']}: bytes per op call (read + written; experts: the chosen) "
+                  f"against its kernels' device time in the profiled call, copy {r['copy_TBps']} TB/s:")
+            print(op_ledger.format_ledger([dict(op=x["op"], read_bytes=x["MB"] * 1e6, written_bytes=0,
+                                                **({"us": x["us"]} if "us" in x else {})) for x in r["k3fuse_op_ledger"]],
+                                          r["copy_TBps"] * 1e12))
     try:
         plot(rows, names, os.path.join(args.out, f"layer_bench{args.tag}.png"))
     except Exception as e:  # matplotlib may be absent

@@ -113,7 +113,7 @@ def worker(rank, world, tmp, args, hbm_peer):
                     row[f"{name}_us"] = round(graph_time(
                         lambda i: fn(copies[i % 2][0], *copies[i % 2][1]), 20, 15, before_replay=sync)[0], 1)
                     sync()
-                    n, top = profile_kernels(fn, layers[0], clone_inputs(base))
+                    n, top, _ = profile_kernels(fn, layers[0], clone_inputs(base))
                     row[f"{name}_kernels"] = n
                     if name != "eager":
                         row[f"{name}_top"] = top[:args.top]

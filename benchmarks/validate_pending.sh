@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s95            # (not run) s94, then the M = 1 rows with the op ledger
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s94            # where an L2 prefetch must be issued to land
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s93            # L2-resident vs HBM weight reads (GEMV, sum)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s92            # the M = 1 per-kernel ledger without the PDL chain
@@ -698,6 +699,15 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s95 ]; then      # session 30 (not run): s94, then the M = 1 rows with the op ledger (bytes per op call
+    # against its kernels' device time: benchmarks/op_ledger.py), TP16 and TP8, k3fuse only, 16 layers per graph
+    bash benchmarks/validate_pending.sh s94
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 1 --skip inductor \
+        --graph-rounds 8 --top 16 --tag _m1_ledger > "$L/lb_m1_ledger.txt" 2>&1
+    echo "layer M=1 with the op ledger rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m1_ledger.txt" | sed -n '/^kind/,$p' \
+        | cut -c1-100 | tee -a "$S"
+    cp "$L"/layer_bench_m1_ledger.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s95.tgz" -C "$L" .
 elif [ "$part" = s94 ]; then      # session 30: where an L2 prefetch must be issued to land (l2_probe --order)
     timeout 150 python3 benchmarks/l2_probe.py --out "$L" --order > "$L/l2_order.txt" 2>&1
     echo "l2_probe --order rc=$?" | tee -a "$S"; grep -v '^{' "$L/l2_order.txt" | tail -6 | tee -a "$S"

@@ -92,6 +92,7 @@ class Pipeline:
                        if names is None or cls.name == "canonicalize" or cls.name in names]
         self.ctx = PassContext(prefetch_budget_bytes=options.prefetch_budget_bytes)
         self.summary: dict = {}
+        self.graph_module: fx.GraphModule | None = None
 
     def dump(self, gm: fx.GraphModule, fname: str):
         d = self.debug_dir
@@ -131,4 +132,5 @@ class Pipeline:
         self.write_summary()
         logger.info("k3fuse graph %d: %s", self.graph_id,
                     ", ".join(f"{r['name']}={r['matches']}" for r in records))
+        self.graph_module = gm      # the post-pass graph (tools: benchmarks/op_ledger.py)
         return gm
