@@ -21,7 +21,8 @@ def compiled():
     torch.manual_seed(0)
     cfg = KimiK3Config.preset("tiny")
     model = KimiK3ForCausalLM(cfg, dtype=torch.bfloat16).requires_grad_(False)
-    c = torch.compile(model, backend="k3fuse", fullgraph=True, options={"inner_compiler": "eager"})
+    torch._dynamo.reset()      # a fresh static compile: not a recompile of another test's graph (dynamic shapes)
+    c = torch.compile(model, backend="k3fuse", fullgraph=True, dynamic=False, options={"inner_compiler": "eager"})
     cache = model.new_cache(M, 4)
     g0 = max((p.graph_id for p in backend.LAST_PIPELINES), default=-1)   # it keeps the last 16: by id, not index
     with torch.no_grad():
