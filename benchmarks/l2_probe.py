@@ -7,8 +7,8 @@ kernels (kda_decode, the two one-launch fused_residual_norms) while HBM idles; p
 in those windows can only save bytes x (1 / HBM rate - 1 / L2 rate). Sessions 2 and 7 saw prefetched GEMVs gain
 far less than an L2-resident read was assumed to be worth. This times each M = 1 GEMV of the K3 TP16 / TP8 shapes
 (the tuning table's config, CUDA-graph replayed) with its weight rotated over copies that overflow L2 (HBM) and with
-one copy read again and again (L2-resident after the first replay), and a read-only reduction of the same bytes
-both ways. Prints us and the implied GB/s per row.
+one copy read again and again (L2-resident after the first replay). Prints us and the implied GB/s per row. (Session
+30's run also timed torch.sum over the same bytes: 1-3 TB/s both ways, no reader to compare with; dropped.)
 
 --order: where a prefetch must be issued to land. A graph per step: a 51 MB streaming GEMV (a layer's latent up, copies
 rotated), a 10 us sleep (a latency-bound kernel: kda_decode), then the 11 MB o_proj GEMV (copies rotated). Its time
@@ -36,9 +36,9 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--order", action="store_true", help="only the prefetch-placement probe")
     args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
     if args.order:
         return order_probe(args.out)
-    os.makedirs(args.out, exist_ok=True)
     from k3fuse.codegen import gemv
     bw = copy_bandwidth()
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {torch.cuda.get_device_name()}", flush=True)
@@ -49,7 +49,6 @@ def main():
         ws = [torch.randn(N, K, device="cuda", dtype=torch.bfloat16) * K ** -0.5 for _ in range(nrot)]
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(1, N, device="cuda", dtype=torch.bfloat16)
-        s = torch.empty((), device="cuda", dtype=torch.float32)
         cfg = gemv.config_for(N, K, 1)
         run = lambda w: gemv.linear(x, w, cfg, out=y)
         ref = x.float() @ ws[0].float().t()
@@ -58,22 +57,16 @@ def main():
         err = ((y.float() - ref).norm() / ref.norm()).item()
         hbm, _ = graph_time(lambda i: run(ws[i % nrot]))
         l2, _ = graph_time(lambda i: run(ws[0]))
-        # a read-only pass over the same bytes (torch's sum: one reduction kernel), both ways
-        sum_hbm, _ = graph_time(lambda i: torch.sum(ws[i % nrot].view(-1), dim=0, out=s))
-        sum_l2, _ = graph_time(lambda i: torch.sum(ws[0].view(-1), dim=0, out=s))
-        r = dict(N=N, K=K, MB=round(wb / 1e6, 2), err=err, floor_us=wb / bw * 1e6, gemv_hbm_us=hbm, gemv_l2_us=l2,
-                 sum_hbm_us=sum_hbm, sum_l2_us=sum_l2)
+        r = dict(N=N, K=K, MB=round(wb / 1e6, 2), err=err, floor_us=wb / bw * 1e6, gemv_hbm_us=hbm, gemv_l2_us=l2)
         rows.append(r)
         print(json.dumps(r), flush=True)
         ws.clear()
         torch.cuda.empty_cache()
-    print(f"{'N x K':>12} {'MB':>6} {'floor':>6} {'gemv HBM':>9} {'gemv L2':>8} {'sum HBM':>8} {'sum L2':>7}"
-          f" {'GB/s gemv HBM/L2':>17} {'sum HBM/L2':>11}")
+    print(f"{'N x K':>12} {'MB':>6} {'floor':>6} {'gemv HBM':>9} {'gemv L2':>8} {'GB/s HBM/L2':>17}")
     for r in rows:
         g = lambda t: r["MB"] * 1e3 / t
         print(f"{r['N']:>5} x {r['K']:<5} {r['MB']:>6.2f} {r['floor_us']:>6.2f} {r['gemv_hbm_us']:>9.2f} "
-              f"{r['gemv_l2_us']:>8.2f} {r['sum_hbm_us']:>8.2f} {r['sum_l2_us']:>7.2f} "
-              f"{g(r['gemv_hbm_us']):>8.0f}/{g(r['gemv_l2_us']):<8.0f} {g(r['sum_hbm_us']):>5.0f}/{g(r['sum_l2_us']):<5.0f}")
+              f"{r['gemv_l2_us']:>8.2f} {g(r['gemv_hbm_us']):>8.0f}/{g(r['gemv_l2_us']):<8.0f}")
     with open(os.path.join(args.out, "l2_probe.json"), "w") as f:
         json.dump(dict(copy_TBps=bw / 1e12, gpu=torch.cuda.get_device_name(), rows=rows), f, indent=1)
 

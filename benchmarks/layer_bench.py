@@ -289,9 +289,7 @@ def main():
         if r.get("k3fuse_op_ledger"):
             print(f"k3fuse {r['kind']} tp{r['tp']} M{r['M']}: bytes per op call (read + written; experts: the chosen) "
                   f"against its kernels' device time in the profiled call, copy {r['copy_TBps']} TB/s:")
-            print(op_ledger.format_ledger([dict(op=x["op"], read_bytes=x["MB"] * 1e6, written_bytes=0,
-                                                **({"us": x["us"]} if "us" in x else {})) for x in r["k3fuse_op_ledger"]],
-                                          r["copy_TBps"] * 1e12))
+            print(op_ledger.format_ledger(r["k3fuse_op_ledger"]))
     try:
         plot(rows, names, os.path.join(args.out, f"layer_bench{args.tag}.png"))
     except Exception as e:  # matplotlib may be absent

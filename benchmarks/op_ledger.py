@@ -3,7 +3,7 @@ which kernel and which bytes a layer row's time above its floor sits in (issue 5
 
     rows = op_bytes(gm, num_experts=E, experts_read=k)      # the post-pass graph (k3fuse.backend.LAST_PIPELINES)
     add_times(rows, profiler_events)                          # per op call, its kernels' device time
-    print(format_ledger(rows, copy_bw))
+    print(format_ledger(ledger_rows(rows, copy_bw)))
 
 Bytes of an op call: every tensor it reads (each input node once), what it returns, and the tensors it writes in
 place (its schema's `Tensor(a!)` arguments) once more. Stacked expert weights ([E, ...], E = num_experts) count
@@ -105,24 +105,24 @@ def add_times(rows: list[dict], events) -> int:
     return got
 
 
-def format_ledger(rows: list[dict], copy_bw: float) -> str:
-    """A table: op, MB moved, its floor at copy_bw (bytes / s), its kernels' us and the excess; a total line."""
-    lines = [f"  {'op':<32} {'MB':>8} {'floor us':>9} {'us':>8} {'above':>7}"]
-    tot_b = tot_f = tot_t = 0.0
-    for r in rows:
-        b = r["read_bytes"] + r["written_bytes"]
-        f = b / copy_bw * 1e6
-        t = r.get("us")
-        tot_b, tot_f = tot_b + b, tot_f + f
-        tot_t += t or 0.0
-        lines.append(f"  {r['op']:<32} {b / 1e6:>8.2f} {f:>9.2f} " + (f"{t:>8.2f} {t - f:>+7.2f}" if t is not None
-                                                                       else f"{'-':>8} {'-':>7}"))
-    lines.append(f"  {'sum':<32} {tot_b / 1e6:>8.2f} {tot_f:>9.2f} {tot_t:>8.2f} {tot_t - tot_f:>+7.2f}")
-    return "\n".join(lines)
-
-
 def ledger_rows(rows: list[dict], copy_bw: float) -> list[dict]:
-    """rows with MB and floor_us added (for JSON)."""
+    """The ledger (what layer_bench stores): per op call its MB moved, their floor at copy_bw (bytes / s), its us."""
     return [dict(op=r["op"], MB=round((r["read_bytes"] + r["written_bytes"]) / 1e6, 3),
                  floor_us=round((r["read_bytes"] + r["written_bytes"]) / copy_bw * 1e6, 2),
                  **({"us": r["us"]} if "us" in r else {})) for r in rows]
+
+
+def format_ledger(ledger: list[dict]) -> str:
+    """ledger_rows' rows as a table: op, MB, floor us, its kernels' us and the excess; a total line (its us and
+    excess only where the rows have times)."""
+    lines = [f"  {'op':<32} {'MB':>8} {'floor us':>9} {'us':>8} {'above':>7}"]
+    timed = any("us" in r for r in ledger)
+    for r in ledger:
+        t = r.get("us")
+        lines.append(f"  {r['op']:<32} {r['MB']:>8.2f} {r['floor_us']:>9.2f} "
+                     + (f"{t:>8.2f} {t - r['floor_us']:>+7.2f}" if t is not None else f"{'-':>8} {'-':>7}"))
+    mb, fl = sum(r["MB"] for r in ledger), sum(r["floor_us"] for r in ledger)
+    t = sum(r.get("us", 0.0) for r in ledger)
+    lines.append(f"  {'sum':<32} {mb:>8.2f} {fl:>9.2f} " + (f"{t:>8.2f} {t - fl:>+7.2f}" if timed
+                                                            else f"{'-':>8} {'-':>7}"))
+    return "\n".join(lines)

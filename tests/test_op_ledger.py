@@ -86,12 +86,12 @@ def test_add_times_matches_calls_by_name_and_order():
            _ev("aten::mm", 40, 1.0)]
     assert op_ledger.add_times(rows, evs) == 3
     assert [r.get("us") for r in rows] == [3.0, 2.5, 5.0, None]
-    out = op_ledger.format_ledger(rows, 1e12)             # 1 TB/s: 1 MB = 1 us
-    last = out.splitlines()[-1].split()
+    led = op_ledger.ledger_rows(rows, 1e12)               # 1 TB/s: 1 MB = 1 us
+    assert led[1] == dict(op="kda_decode_", MB=2.0, floor_us=2.0, us=2.5) and "us" not in led[3]
+    last = op_ledger.format_ledger(led).splitlines()[-1].split()
     assert last[0] == "sum" and float(last[1]) == pytest.approx(16.0) and float(last[2]) == pytest.approx(16.0)
     assert float(last[3]) == pytest.approx(10.5)
-    led = op_ledger.ledger_rows(rows, 1e12)
-    assert led[1] == dict(op="kda_decode_", MB=2.0, floor_us=2.0, us=2.5) and "us" not in led[3]
     # a profile without device times (CPU only, or kernels not attributed to their ops) sets no times
     bare = [dict(op="linear_group", read_bytes=1, written_bytes=0)]
     assert op_ledger.add_times(bare, [_ev("k3fuse::linear_group", 1, 0.0)]) == 0 and "us" not in bare[0]
+    assert op_ledger.format_ledger(op_ledger.ledger_rows(bare, 1e12)).splitlines()[-1].split()[-2:] == ["-", "-"]
