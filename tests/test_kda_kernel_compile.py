@@ -190,3 +190,47 @@ def test_kda_decode_fa_smem_issues_wide_loads_first(arch, monkeypatch):
         assert "ld.local" not in ptx and "st.local" not in ptx
     assert ffma_before_last_wide_load(staged) == 0
     assert ffma_before_last_wide_load(default) > 0
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_kda_decode_early_loads_before_the_wait(arch, monkeypatch):
+    """K3FUSE_KDA_EARLY=1 (opt-in): under the PDL chain the fused kernel loads what no kernel of the step writes (S
+    row, conv window and taps, f_b row, A_log, dt_bias, o_norm) before griddepcontrol.wait, the in_proj outputs (q0 /
+    k0 / v0, fa, b, go) after it. In the sm_90a SASS: no global load before the wait (ACQBULK) without the knob; with
+    it the S row's and the f_b row's 128-bit loads before, fa's after, the total unchanged. Off without the chain."""
+    import subprocess
+    from test_codegen_compile import _nvdisasm
+    monkeypatch.delenv("K3FUSE_KDA_FA_SMEM", raising=False)
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    monkeypatch.setenv("K3FUSE_KDA_EARLY", "0")
+    off = kr.render_source(128, "bfloat16", "bfloat16", -5.0, fused=FUSED_K3)
+    monkeypatch.setenv("K3FUSE_KDA_EARLY", "1")
+    on = kr.render_source(128, "bfloat16", "bfloat16", -5.0, fused=FUSED_K3)
+    assert "EARLY" not in off and "EARLY=True" in on
+    wait = on.index("cute.arch.griddepcontrol_wait()")
+    assert on.index("gS[(0, 0, None), (r, row, c)]") < on.index("gFb[(0, None)") < wait
+    assert wait < on.index("mB[r]") and wait < on.index("mGo[r, row]") and wait < on.index("gFa[(0, None), (m,")
+    assert wait < on.index("cNew[e] = mQ[r, c]")
+    assert "EARLY" not in kr.render_source(128, "bfloat16", "bfloat16", -5.0)           # the unfused kernel: off
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")
+    assert "EARLY" not in kr.render_source(128, "bfloat16", "bfloat16", -5.0, fused=FUSED_K3)
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN")
+    nd = _nvdisasm()
+
+    def wide_loads(src):
+        k = kcompile.compile_source(src, arch, load=False)
+        ptx = open(k.files["kernel.ptx"]).read()
+        assert "ld.local" not in ptx and "st.local" not in ptx
+        if nd is None or arch != "sm_90a":
+            return None
+        sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+        i = sass.index("ACQBULK")
+        return (len(re.findall(r"LDG\.E\.128", sass[:i])), len(re.findall(r"LDG\.E\.128", sass[i:])),
+                len(re.findall(r"\bLDG\b", sass[:i])), len(re.findall(r"\bLDG\b", sass)))
+    w0, w1 = wide_loads(off), wide_loads(on)
+    if w0 is None:
+        return
+    nch, fch = 128 // 4 // kr.DEFAULT_LPR, FUSED_K3["fk"] // 8 // kr.DEFAULT_LPR
+    assert w0[0] == 0 and w0[2] == 0, w0
+    assert w1[0] >= nch + fch and w1[1] >= fch, w1          # S + f_b rows before, fa's chunks after
+    assert w1[3] == w0[3], (w0, w1)

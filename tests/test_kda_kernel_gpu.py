@@ -225,3 +225,63 @@ def test_kda_decode_in_place(M, h, layout, seed):
         assert torch.isnan(wide_S[..., d:]).all()
     if layout == "conv_strided":
         assert (wide_C[..., 3 * h * d:] == 0).all()
+
+
+@pytest.mark.parametrize("early", ["0", "1"])
+def test_kda_decode_in_place_after_a_gemv_in_a_pdl_chain(early, seed, monkeypatch):
+    """Three decode steps in one CUDA graph, each a k3fuse GEMV (q0 = x_t W^T, PDL chain, late trigger) and then
+    kda_decode_ writing S and the conv state in place, as in the layer. With K3FUSE_KDA_EARLY=1 the kernel reads
+    S and the conv window before its griddepcontrol.wait: step t must still see step t - 1's writes (the GEMV
+    between them triggers only after its own wait). Every step's output and the final state against the
+    reference run step by step, over two replays on fresh inputs."""
+    from k3fuse import ops
+    from k3fuse.codegen import compile as kcompile
+    from k3fuse.codegen import registry
+    monkeypatch.setenv("K3FUSE_KDA_EARLY", early)
+    kcompile.clear_memo()
+    registry.register()
+    try:
+        M, h, d, K, steps = 1, 6, 128, 4, 3
+        bf = torch.bfloat16
+        P = h * d
+        state = list(decode_inputs(M, h, d, K, bf, bf, bf))          # conv state [3], S [-1]: written in place
+        W = (torch.randn(P, 1024, device="cuda") * 1024 ** -0.5).to(bf)
+        xs = [torch.randn(M, 1024, device="cuda").to(bf) for _ in range(steps)]
+        per_step = [list(decode_inputs(M, h, d, K, bf, bf, bf)) for _ in range(steps)]   # k0, v0, fa, b, go
+
+        def step(t):
+            a = per_step[t]
+            q0 = torch.ops.k3fuse.linear(xs[t], W)
+            return torch.ops.k3fuse.kda_decode_(q0, a[1], a[2], state[3], *state[4:7], a[7], *state[8:11], a[11],
+                                                a[12], state[13], state[14], LOWER_BOUND, 1e-5, True, bf)
+        for t in range(steps):                                       # compile outside the capture
+            step(t)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs = [step(t) for t in range(steps)]
+        for _ in range(2):
+            fresh = decode_inputs(M, h, d, K, bf, bf, bf)
+            state[3].copy_(fresh[3])
+            state[14].copy_(fresh[14])
+            for t in range(steps):
+                xs[t].copy_(torch.randn(M, 1024, device="cuda").to(bf))
+                for i in (1, 2, 7, 11, 12):
+                    per_step[t][i].copy_(decode_inputs(M, h, d, K, bf, bf, bf)[i])
+            for o in outs:
+                o.fill_(float("nan"))
+            conv, S = state[3].clone(), state[14].clone()
+            refs = []
+            for t in range(steps):
+                a = per_step[t]
+                q0 = (xs[t].float() @ W.float().t()).to(bf)
+                ro, S, conv = ops.kda_decode._init_fn(q0, a[1], a[2], conv, *state[4:7], a[7], *state[8:11], a[11],
+                                                      a[12], state[13], S, LOWER_BOUND, 1e-5, True, bf)
+                refs.append(ro)
+            g.replay()
+            torch.cuda.synchronize()
+            for o, ro in zip(outs, refs):
+                assert rel(o, ro) < 1e-2
+            assert rel(state[14], S) < 1e-3
+            assert rel(state[3], conv) < 1e-2
+    finally:
+        kcompile.clear_memo()

@@ -849,3 +849,40 @@ def test_mla_heads_qfirst_kernel_compiles(arch, cl, monkeypatch, isolated_kernel
     plain = ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(6, **K3, scale=SCALE, cl=cl))
     monkeypatch.setenv("K3FUSE_MLA_QFIRST", "0")
     assert plain == ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(6, **K3, scale=SCALE, cl=cl))
+
+
+@pytest.mark.parametrize("arch,h,cl,qb", [("sm_90a", 6, 16, True), ("sm_100a", 12, 8, False), ("sm_90a", 12, 1, False)])
+def test_mla_heads_early_tile_before_the_wait(arch, h, cl, qb, monkeypatch, isolated_kernel_cache):
+    """K3FUSE_MLA_EARLY=1 (opt-in): the first tile's cache-row loads sit between the chain's trigger and its
+    griddepcontrol.wait; after the wait come seq_lens and (with q inside) cq. In the sm_90a SASS: none of the kernel's
+    global loads precede the wait (ACQBULK) without the knob, the first tile's (one 16-byte load per used slot and
+    half-tile row) with it, the rest after it. Only where the kernel appends (otherwise the predecessor may have
+    written the current row) and only under the PDL chain."""
+    pytest.importorskip("cutlass")
+    off, k = _off_and_on(monkeypatch, "K3FUSE_MLA_EARLY", arch, h, cl, qb)
+    assert "EARLY" not in off and "# EARLY: the first tile" in k.source
+    wait = k.source.index("cute.arch.griddepcontrol_wait()")
+    assert k.source.index("cute.copy(cpc, gC[") < wait < k.source.index("pos = mSl[m]")
+    body = entries(open(k.files["kernel.ptx"]).read())["heads_kernel"]
+    assert "ld.local" not in body and "st.local" not in body
+    kw = dict(h=h, **K3, scale=SCALE, cl=cl, out_dtype="bfloat16", qb=(1536, 1e-6) if qb else None)
+    assert "EARLY" not in ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(**kw))             # no append: off
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")
+    assert "EARLY" not in ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(append_eps=1e-6, gate=True, **kw))
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN")
+    from test_codegen_compile import _nvdisasm
+    nd = _nvdisasm()
+    if nd is None or arch != "sm_90a":
+        return
+    import subprocess
+
+    def loads_before_after(kern):
+        sass = subprocess.run([nd, "-c", kern.files["kernel.cubin"]], capture_output=True, text=True,
+                              check=True).stdout
+        i = sass.index("ACQBULK")
+        return len(re.findall(r"\bLDG\b", sass[:i])), len(re.findall(r"\bLDG\b", sass[i:]))
+    from k3fuse.codegen import compile as kcompile
+    pre0, post0 = loads_before_after(kcompile.compile_source(off, arch, load=False))
+    pre1, post1 = loads_before_after(k)
+    assert pre0 == 0 and pre1 >= 8, (pre0, pre1)
+    assert pre1 + post1 == pre0 + post0 and post1 > 0
