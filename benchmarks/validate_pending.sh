@@ -35,9 +35,9 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s97            # K3FUSE_MLA_EARLY: bitwise test, layer A/B, tests, memcheck, stamps
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s96            # K3FUSE_KDA_EARLY: KDA GPU tests with it, layer A/B
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s95            # (not run) s94, then the M = 1 rows with the op ledger
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s97            # (at 623776c; K3FUSE_MLA_EARLY since removed) bitwise test, layer A/B, memcheck, stamps
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s96            # (at 623776c; K3FUSE_KDA_EARLY since removed) KDA GPU tests with it, layer A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s95            # s94, then the M = 1 rows with the op ledger
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s94            # where an L2 prefetch must be issued to land
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s93            # L2-resident vs HBM weight reads (GEMV, sum)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s92            # the M = 1 per-kernel ledger without the PDL chain
@@ -701,13 +701,13 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
-elif [ "$part" = s96 ]; then      # session 31: kda_decode's loads of what no kernel of the step writes (S row, conv window
+elif [ "$part" = s96 ]; then      # session 31 (at 623776c; the knob since removed): kda_decode's loads of what no kernel of the step writes (S row, conv window
     # + taps, f_b row) issued before the chain's wait (K3FUSE_KDA_EARLY): every KDA GPU test with it on (among them
     # three in-place steps after a PDL GEMV in one graph), then the layer A/B
     K3FUSE_KDA_EARLY=1 pytests kda_early 150 tests/test_kda_kernel_gpu.py
     ab_run kda_early 200 --var K3FUSE_KDA_EARLY=0,1 --kinds kda --tp 16,8 --ms 1 --pairs 16
     tar czf "$OUT/logs_s96.tgz" -C "$L" .
-elif [ "$part" = s97 ]; then      # session 31: the per-head MLA kernel's first tile loaded before the chain's wait
+elif [ "$part" = s97 ]; then      # session 31 (at 623776c; the knob since removed): the per-head MLA kernel's first tile loaded before the chain's wait
     # (K3FUSE_MLA_EARLY): bitwise against off, the append / q-inside tests with it on, the layer A/B, memcheck, stamps
     pytests mla_early_bitwise 120 tests/test_mla_heads_gpu.py::test_early_tile_is_bitwise_the_same
     ab_run mla_early 170 --var K3FUSE_MLA_EARLY=0,1 --kinds mla --tp 16 --ms 1,2 --pairs 16
@@ -717,7 +717,7 @@ elif [ "$part" = s97 ]; then      # session 31: the per-head MLA kernel's first 
     timeline early0 K3FUSE_MLA_EARLY=0
     timeline early1 K3FUSE_MLA_EARLY=1
     tar czf "$OUT/logs_s97.tgz" -C "$L" .
-elif [ "$part" = s95 ]; then      # session 30 (not run): s94, then the M = 1 rows with the op ledger (bytes per op call
+elif [ "$part" = s95 ]; then      # session 30 (run in session 31): s94, then the M = 1 rows with the op ledger (bytes per op call
     # against its kernels' device time: benchmarks/op_ledger.py), TP16 and TP8, k3fuse only, 16 layers per graph
     bash benchmarks/validate_pending.sh s94
     timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 1 --skip inductor \

@@ -60,21 +60,7 @@ def template_params(d: int, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound:
                  GDT=_dtname(fused["g"]), ODT=_dtname(fused["o"]), EPS=repr(float(fused["eps"])), ADT=fdt)
         if fa_smem() and p["FK"] // p["FV"] <= 32:       # only when set: the default source stays as it was
             p.update(FA_SMEM=True, WFA=nwarps - 1)
-        if early_loads() and pdl_chain():
-            p.update(EARLY=True)        # only when set: the default source stays as it was
     return p
-
-
-def pdl_chain() -> bool:
-    from .render import pdl_chain as on
-    return on()
-
-
-def early_loads() -> bool:
-    """K3FUSE_KDA_EARLY=1: under the PDL chain, the fused kernel issues the loads of what no kernel of the decode
-    step writes (S row, conv window and taps, f_b row, A_log, dt_bias, o_norm) before griddepcontrol.wait, so that
-    their DRAM round trip overlaps the in_proj GEMV's tail; the in_proj outputs after it. Read at render time."""
-    return os.environ.get("K3FUSE_KDA_EARLY", "0") == "1"
 
 
 def fa_smem() -> bool:
@@ -129,8 +115,7 @@ def build(d: int = 128, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound: flo
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     fkey = tuple(sorted((k, str(v)) for k, v in fused.items())) if fused else None
-    memo = (d, _dtname(a_dtype), _dtname(b_dtype), float(lower_bound), lpr, arch, load, fkey,
-            fa_smem(), early_loads() and pdl_chain())
+    memo = (d, _dtname(a_dtype), _dtname(b_dtype), float(lower_bound), lpr, arch, load, fkey)
     if memo in _built:
         return _built[memo]
     src = render_source(d, a_dtype, b_dtype, lower_bound, lpr, fused=fused)

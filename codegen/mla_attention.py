@@ -624,7 +624,6 @@ def heads_params(h, n, v, r, C, scale, q_dtype="bfloat16", append_eps=None, gate
                 **({"PUSH": True} if push_on() and cl > 1 else {}),
                 **({"MMA": True} if heads_mma(r, C) else {}),
                 **({"QFIRST": True} if qfirst_on() and qb is not None else {}),
-                **({"EARLY": True} if early_on() and append_eps is not None else {}),
                 QDT=_dtname(q_dtype), ODT=_dtname(out_dtype), APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate))
 
@@ -651,14 +650,6 @@ def heads_mma_on() -> bool:
     ABBA pairs): TP16 M = 1 -1.64 us [-2.36, -0.91] per MLA layer, 16 / 16 faster; TP16 M = 2 -1.64 [-3.48, -0.66],
     13 / 16. Read when a kernel is rendered."""
     return os.environ.get("K3FUSE_MLA_HEADS_MMA", "1") != "0"
-
-
-def early_on() -> bool:
-    """K3FUSE_MLA_EARLY=1: under the PDL chain, the per-head kernel loads its first tile's cache rows before
-    griddepcontrol.wait (they depend on the split only; the cache is not written in the step before this kernel
-    appends), so their issue and DRAM round trip overlap the predecessor's tail. Read when a kernel is rendered."""
-    from .render import pdl_chain
-    return os.environ.get("K3FUSE_MLA_EARLY", "0") == "1" and pdl_chain()
 
 
 def qfirst_on() -> bool:
@@ -697,7 +688,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst_on(), early_on())
+            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst_on())
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
