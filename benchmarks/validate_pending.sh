@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s98            # the fused_residual_norm's phase stamps in the layer
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s97            # (at 623776c; K3FUSE_MLA_EARLY since removed) bitwise test, layer A/B, memcheck, stamps
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s96            # (at 623776c; K3FUSE_KDA_EARLY since removed) KDA GPU tests with it, layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s95            # s94, then the M = 1 rows with the op ledger
@@ -701,6 +702,13 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s98 ]; then      # session 31: where the one-launch fused_residual_norm's time goes (K3FUSE_FRN_STAMPS=1,
+    # benchmarks/frn_timeline.py), KDA TP16 and TP8 M = 1; its GPU tests with the stamps on (the outputs unchanged)
+    K3FUSE_FRN_STAMPS=1 pytests frn_stamps 150 tests/test_kernels_gpu.py -k "one_kernel"
+    timeout 200 python3 benchmarks/frn_timeline.py --out "$L" --kinds kda --tp 16,8 --ms 1 > "$L/frn_timeline.txt" 2>&1
+    echo "frn_timeline rc=$?" | tee -a "$S"; grep -v '^{' "$L/frn_timeline.txt" | tail -44 | tee -a "$S"
+    cp "$L/frn_timeline.json" "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s98.tgz" -C "$L" .
 elif [ "$part" = s96 ]; then      # session 31 (at 623776c; the knob since removed): kda_decode's loads of what no kernel of the step writes (S row, conv window
     # + taps, f_b row) issued before the chain's wait (K3FUSE_KDA_EARLY): every KDA GPU test with it on (among them
     # three in-place steps after a PDL GEMV in one graph), then the layer A/B

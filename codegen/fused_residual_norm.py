@@ -11,6 +11,7 @@ one-shot in-kernel all-reduce goes (see the template's docstring).
 """
 from __future__ import annotations
 
+import collections
 import functools
 import os
 from typing import Optional
@@ -247,7 +248,18 @@ def one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, w
     return dict(H=H, K=K, NB=nb, HAS_ADDEND=bool(has_addend), HAS_PREFIX=bool(has_prefix), FP32_NORM=bool(fp32_norm),
                 MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)), WM_PAIR=bool(wm_pair), G=ONE_G,
                 W=ONE_W, RPW=H // (ONE_G * ONE_W), ITERS=-(-(K // 8) // 32), ACC=ONE_ACC, ACCT=ONE_ACCT, BM=bm,
-                TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=one_spin_ns(), LEAN=one_lean_tail(), PRELOAD=one_preload())
+                TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=one_spin_ns(), LEAN=one_lean_tail(), PRELOAD=one_preload(),
+                **({"STAMPS": True} if stamps_on() else {}))     # absent when off: the same source
+
+
+def stamps_on() -> bool:
+    """K3FUSE_FRN_STAMPS=1 (diagnostic): the one-launch kernel takes an extra int32 [G, 32] buffer into which thread 0
+    of each CTA writes its phase timestamps (%globaltimer_lo, %clock); the launcher keeps the last launches' buffers
+    in STAMP_BUFS for benchmarks/frn_timeline.py. Read when a kernel is rendered and launched."""
+    return os.environ.get("K3FUSE_FRN_STAMPS", "0") == "1"
+
+
+STAMP_BUFS = collections.deque(maxlen=64)   # the stamp buffers of the last launches with stamps, oldest first
 
 
 def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_eps=1e-5, norm_eps=1e-5,
@@ -255,7 +267,7 @@ def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = ("one", H, K, nb, bool(has_addend), bool(has_prefix), bool(fp32_norm), float(mix_eps), float(norm_eps),
-            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), one_preload(), bm)
+            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), one_preload(), bm, stamps_on())
     if memo in _built:
         return _built[memo]
     src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair,
@@ -308,8 +320,12 @@ def fused_residual_norm_one(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_e
     out = out if out is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
     new_prefix = new_prefix if new_prefix is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
     acc, ctr = one_state(o.device)
+    extra = []
+    if stamps_on():
+        extra = [torch.zeros(ONE_G, 32, dtype=torch.int32, device=o.device)]
+        STAMP_BUFS.append(extra[0])
     k(o, w_o, *[t for t in (addend, prefix) if t is not None], *blocks, *_score_vectors(w_mix, w_mix_scale, H), norm_w,
-      out, new_prefix, acc, ctr)
+      out, new_prefix, acc, ctr, *extra)
     return out, new_prefix
 
 
