@@ -249,19 +249,7 @@ def one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, w
                 MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)), WM_PAIR=bool(wm_pair), G=ONE_G,
                 W=ONE_W, RPW=H // (ONE_G * ONE_W), ITERS=-(-(K // 8) // 32), ACC=ONE_ACC, ACCT=ONE_ACCT, BM=bm,
                 TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=one_spin_ns(), LEAN=one_lean_tail(), PRELOAD=one_preload(),
-                **({"STAMPS": True} if stamps_on() else {}),     # absent when off: the same source
-                **({"SPREAD": one_spread()} if one_spread() > 1 else {}))
-
-
-def one_spread() -> int:
-    """K3FUSE_FRN_SPREAD (default 1; 2..16): the one-launch kernel's statistics atomics go to that many copies of the
-    accumulator set (CTA b into copy b % SPREAD, on other L2 lines) instead of all G CTAs' onto one set's line or
-    two; the totals are the copies' sum (loaded together). Each value has its own accumulator state (one_state), as
-    the sets' zeroing protocol needs one layout per state. Read when a kernel is rendered and launched."""
-    v = int(os.environ.get("K3FUSE_FRN_SPREAD", "") or 1)
-    if not 1 <= v <= 16:
-        raise ValueError(f"K3FUSE_FRN_SPREAD={v}: 1..16")
-    return v
+                **({"STAMPS": True} if stamps_on() else {}))     # absent when off: the same source
 
 
 def stamps_on() -> bool:
@@ -279,8 +267,7 @@ def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = ("one", H, K, nb, bool(has_addend), bool(has_prefix), bool(fp32_norm), float(mix_eps), float(norm_eps),
-            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), one_preload(), stamps_on(), one_spread(),
-            bm)   # bm last: tests read it
+            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), one_preload(), stamps_on(), bm)   # bm last: tests
     if memo in _built:
         return _built[memo]
     src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair,
@@ -296,25 +283,23 @@ def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_
 _one_state: dict = {}
 
 
-def one_state(device, spread: int = 1):
-    """(accumulators fp32 [2 * ONE_ACCT * spread], counter int32 [2]: arrivals, barrier timeouts) of the device's
-    one-launch kernels with that many accumulator copies (K3FUSE_FRN_SPREAD). Shared by every such launch on the
-    device: they must run one after another (one stream). Other work holding SMs only delays the barrier; where
-    another tenant can hold SMs for long (MPS), K3FUSE_FRN_ONE_KERNEL=0."""
+def one_state(device):
+    """(accumulators fp32 [2 * ONE_ACCT], counter int32 [2]: arrivals, barrier timeouts) of the device's one-launch
+    kernels. Shared by every such launch on the device: they must run one after another (one stream). Other work
+    holding SMs only delays the barrier; where another tenant can hold SMs for long (MPS), K3FUSE_FRN_ONE_KERNEL=0."""
     import torch
-    key = device if spread == 1 else (device, spread)
-    st = _one_state.get(key)
+    st = _one_state.get(device)
     if st is None:
-        st = _one_state[key] = (torch.zeros(2 * ONE_ACCT * spread, dtype=torch.float32, device=device),
-                                torch.zeros(2, dtype=torch.int32, device=device))
+        st = _one_state[device] = (torch.zeros(2 * ONE_ACCT, dtype=torch.float32, device=device),
+                                   torch.zeros(2, dtype=torch.int32, device=device))
     return st
 
 
 def one_kernel_errors(device) -> int:
     """Barrier timeouts of the device's one-launch kernels so far (0 unless CTAs were not co-resident: their outputs
     were wrong). Synchronizes the device."""
-    return sum(int(st[1][1].item()) for key, st in _one_state.items()
-               if key == device or (isinstance(key, tuple) and key[0] == device))
+    st = _one_state.get(device)
+    return 0 if st is None else int(st[1][1].item())
 
 
 @functools.lru_cache(maxsize=None)
@@ -334,7 +319,7 @@ def fused_residual_norm_one(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_e
                   pair, bm=bucket_for(M))     # M <= ONE_MAX_BM: bucket 1, 2 or 4; rows past M predicated off
     out = out if out is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
     new_prefix = new_prefix if new_prefix is not None else torch.empty(M, H, dtype=torch.bfloat16, device=o.device)
-    acc, ctr = one_state(o.device, one_spread())
+    acc, ctr = one_state(o.device)
     extra = []
     if stamps_on():
         extra = [torch.zeros(ONE_G, 32, dtype=torch.int32, device=o.device)]

@@ -788,28 +788,3 @@ def test_gemv_splitk_configs_and_route(monkeypatch):
     assert gemv.route(7168, 3584, 8, gpu="nvidia_h200")[0]["variant"] == "mma"
     cfg, why = gemv.group_route([3584, 768], 7168, 64)
     assert cfg is None and "split-K" in why
-
-
-@pytest.mark.parametrize("arch,spread,bm", [("sm_90a", 8, 1), ("sm_100a", 8, 4), ("sm_90a", 16, 4)])
-def test_fused_residual_norm_one_kernel_spread_compiles(arch, spread, bm, monkeypatch):
-    """K3FUSE_FRN_SPREAD: CTA b's statistics atomics go to copy b % SPREAD of the accumulator set (ACCT floats apart),
-    the totals are SPREAD relaxed loads summed, CTA 0 zeroes all copies of the other set; still one atomic per
-    statistic per CTA, one arrival, one poll, no local memory. Each spread has its own accumulator state of
-    2 x ACCT x SPREAD floats; 1 (the default) renders the kernel of before and uses the state of before."""
-    from k3fuse.codegen import fused_residual_norm as frn
-    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
-    monkeypatch.setenv("K3FUSE_FRN_SPREAD", "1")
-    one = frn.build_one(7168, 768, 4, False, True, False, 1e-6, 1e-5, True, arch=arch, load=False, bm=bm)
-    assert "SPREAD" not in one.source and "ACCS" not in one.source
-    monkeypatch.setenv("K3FUSE_FRN_SPREAD", str(spread))
-    k = frn.build_one(7168, 768, 4, False, True, False, 1e-6, 1e-5, True, arch=arch, load=False, bm=bm)
-    assert k is not one and f"SPREAD = {spread} " in k.source and "(bidx % SPREAD) * ACCT" in k.source
-    assert "make(Float32, (2 * ACCS,)" in k.source
-    ptx = ptx_of(k)
-    assert ptx.count("red.relaxed.gpu.global.add.f32") == 1 and ptx.count("red.release.gpu.global.add.s32") == 1
-    assert ptx.count("ld.acquire.gpu.global") == 1
-    assert ptx.count("ld.relaxed.gpu.global.b32") == spread + 1       # the copies' totals + the epoch base
-    assert "ld.local" not in ptx and "st.local" not in ptx
-    monkeypatch.setenv("K3FUSE_FRN_SPREAD", "17")
-    with pytest.raises(ValueError, match="1..16"):
-        frn.one_spread()
