@@ -13,6 +13,7 @@ Measured not to help (so not here): a cluster of CTAs per (token, head) splittin
 """
 from __future__ import annotations
 
+import collections
 import os
 from typing import Optional
 
@@ -60,7 +61,19 @@ def template_params(d: int, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound:
                  GDT=_dtname(fused["g"]), ODT=_dtname(fused["o"]), EPS=repr(float(fused["eps"])), ADT=fdt)
         if fa_smem() and p["FK"] // p["FV"] <= 32:       # only when set: the default source stays as it was
             p.update(FA_SMEM=True, WFA=nwarps - 1)
+        if stamps_on():
+            p.update(STAMPS=True)
     return p
+
+
+def stamps_on() -> bool:
+    """K3FUSE_KDA_STAMPS=1 (diagnostic): the fused kernel takes an extra int32 [R, 32] buffer into which thread 0 of
+    each CTA writes its phase timestamps (%globaltimer_lo, %clock); kda_decode keeps the last launches' buffers in
+    STAMP_BUFS for benchmarks/frn_timeline.py. Read when a kernel is rendered and launched."""
+    return os.environ.get("K3FUSE_KDA_STAMPS", "0") == "1"
+
+
+STAMP_BUFS = collections.deque(maxlen=64)   # the stamp buffers of the last launches with stamps, oldest first
 
 
 def fa_smem() -> bool:
@@ -115,7 +128,8 @@ def build(d: int = 128, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound: flo
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     fkey = tuple(sorted((k, str(v)) for k, v in fused.items())) if fused else None
-    memo = (d, _dtname(a_dtype), _dtname(b_dtype), float(lower_bound), lpr, arch, load, fkey)
+    memo = (d, _dtname(a_dtype), _dtname(b_dtype), float(lower_bound), lpr, arch, load, fkey,
+            bool(fused) and stamps_on())
     if memo in _built:
         return _built[memo]
     src = render_source(d, a_dtype, b_dtype, lower_bound, lpr, fused=fused)
@@ -276,9 +290,13 @@ def kda_decode(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias,
         S_new = torch.empty(M, h, d, d, dtype=f32, device=q0.device)
     if conv_new is None:
         conv_new = torch.empty_like(cs)
+    extra = []
+    if stamps_on():
+        extra = [torch.zeros(R, 32, dtype=torch.int32, device=q0.device)]
+        STAMP_BUFS.append(extra[0])
     kern(*x, _prep(fa, tuple(fa.shape)), _prep(dt_bias, (h, d), f32), _prep(A_log, (h,), f32), _prep(b, (R,)),
          S.view(R, d, d), out.view(R, d), S_new.view(R, d, d), cs, conv_new, *taps, _prep(f_b, tuple(f_b.shape)),
-         _prep(go, (R, d)), _prep(o_norm, (d,), f32))
+         _prep(go, (R, d)), _prep(o_norm, (d,), f32), *extra)
     return out, S_new, conv_new
 
 

@@ -74,3 +74,37 @@ def test_summarize_reads_a_launch():
     assert p[0]["first_us"] == 0.0 and p[0]["last_us"] == 1.0
     assert p[3]["first_us"] == 3.0 and p[3]["last_us"] == 4.0          # across the wrap
     assert p[0]["clocks"] == 0 and p[5]["clocks"] == 2000               # torch's median of two: the lower
+
+
+def test_kda_stamps_only_where_asked(monkeypatch):
+    """K3FUSE_KDA_STAMPS=1: the fused kda_decode kernel stamps its 5 phases (start before the chain's trigger and
+    wait, wait done after it) into the extra [R, 32] argument; off, or the unfused kernel, renders as before."""
+    from k3fuse.codegen import kda_recurrent as kr
+    fused = dict(kc=4, fk=128, newest_last=True, x="bfloat16", f="bfloat16", g="bfloat16", o="bfloat16", eps=1e-5)
+    monkeypatch.setenv("K3FUSE_KDA_STAMPS", "0")
+    off = kr.render_source(128, fused=fused)
+    monkeypatch.setenv("K3FUSE_KDA_STAMPS", "1")
+    on = kr.render_source(128, fused=fused)
+    assert "sreg_u32" not in off and "mSt" not in off and "sreg_u32" not in kr.render_source(128)
+    slots = [int(k) for k in re.findall(r'mSt\[r, (\d+)\] = sreg_u32\("%globaltimer_lo"\)', on)]
+    assert slots == list(range(len(frn_timeline.KDA_PHASES)))
+    assert on.index("mSt[r, 0]") < on.index("griddepcontrol_wait()") < on.index("mSt[r, 1]")
+    assert "mOn, mSt).launch(" in on
+
+
+def test_summarize_on_a_shared_axis():
+    """kda_decode's buffer gives the axis (its earliest start); a later launch's phases are read on it."""
+    kda = torch.zeros(2, 32, dtype=torch.int32)
+    for cta, start in ((0, 5000), (1, 4000)):                  # CTA 1 starts first
+        for k in range(len(frn_timeline.KDA_PHASES)):
+            kda[cta, k] = start + 1000 * k
+    ref = frn_timeline.first_start(kda)
+    assert ref == 4000
+    r = frn_timeline.summarize(kda, frn_timeline.KDA_PHASES)
+    assert [p["name"] for p in r["phases"]] == list(frn_timeline.KDA_PHASES)
+    assert r["phases"][0]["first_us"] == 0.0 and r["phases"][4]["last_us"] == 5.0
+    later = torch.zeros(1, 32, dtype=torch.int32)
+    for k in range(len(frn_timeline.PHASES)):
+        later[0, k] = 10000 + 500 * k
+    p = frn_timeline.summarize(later, t_ref=ref)["phases"]
+    assert p[0]["first_us"] == 6.0 and p[6]["median_us"] == 9.0
