@@ -89,7 +89,11 @@ def main():
                         os.environ["K3FUSE_KDA_STAMPS"] = stamps
                         fn = build_arm("K3FUSE_FRN_STAMPS", stamps)
                         got = fn(layers[0], *clone_inputs(base))
-                        err = max(rel(g, r) for g, r in zip(got, ref))
+                        if got is None:         # (session 31's first run with kda_decode's stamps: say so, go on)
+                            print(f"compiled layer returned None (stamps {stamps}); eager with the same env: "
+                                  f"{type(layers[0](*clone_inputs(base))).__name__}", flush=True)
+                            got = fn(layers[0], *clone_inputs(base))
+                        err = max(rel(g, r) for g, r in zip(got, ref)) if got is not None else float("nan")
                         copies = [(l, clone_inputs(base)) for l in layers]
                         frn.STAMP_BUFS.clear()
                         kr.STAMP_BUFS.clear()
