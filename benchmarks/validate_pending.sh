@@ -35,7 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s100           # kda_decode + fused_residual_norm stamps on one time axis
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s100           # kda_decode + fused_residual_norm stamps on one time axis (failed once: see frn_timeline.py)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s99            # (at 8dbf233; K3FUSE_FRN_SPREAD since removed) tests, stamps, A/B; the PDL probe with a head
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s98            # the fused_residual_norm's phase stamps in the layer
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s97            # (at 623776c; K3FUSE_MLA_EARLY since removed) bitwise test, layer A/B, memcheck, stamps
@@ -707,7 +707,8 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
 elif [ "$part" = s100 ]; then     # session 31: kda_decode's stamps (K3FUSE_KDA_STAMPS) beside the fused_residual_norms'
     # on one time axis: when does frn 1 enter against kda_decode's wait and end? Its GPU tests with the stamps on first
     K3FUSE_KDA_STAMPS=1 pytests kda_stamps 100 tests/test_kda_kernel_gpu.py -k "decode"
-    timeout 150 python3 benchmarks/frn_timeline.py --out "$L" --kinds kda --tp 16,8 --ms 1 > "$L/frn_timeline.txt" 2>&1
+    timeout 150 python3 benchmarks/frn_timeline.py --out "$L" --kinds kda --tp 16,8 --ms 1 --kda-stamps \
+        > "$L/frn_timeline.txt" 2>&1
     echo "frn_timeline rc=$?" | tee -a "$S"; grep -v '^{' "$L/frn_timeline.txt" | tail -56 | tee -a "$S"
     grep '^{' "$L/frn_timeline.txt" | tee -a "$S"
     cp "$L/frn_timeline.json" "$OUT/frn_timeline_kda.json" 2>/dev/null
