@@ -292,7 +292,8 @@ def kda_decode(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias,
         conv_new = torch.empty_like(cs)
     extra = []
     if stamps_on():
-        extra = [torch.zeros(R, 32, dtype=torch.int32, device=q0.device)]
+        # empty, not zeros: a fill kernel between two launches of the PDL chain breaks their programmatic edge
+        extra = [torch.empty(R, 32, dtype=torch.int32, device=q0.device)]
         STAMP_BUFS.append(extra[0])
     kern(*x, _prep(fa, tuple(fa.shape)), _prep(dt_bias, (h, d), f32), _prep(A_log, (h,), f32), _prep(b, (R,)),
          S.view(R, d, d), out.view(R, d), S_new.view(R, d, d), cs, conv_new, *taps, _prep(f_b, tuple(f_b.shape)),
