@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s101           # (not run) K3FUSE_FRN_EARLY_W: tests, the layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s100           # kda_decode + fused_residual_norm stamps on one time axis (failed once: see frn_timeline.py)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s99            # (at 8dbf233; K3FUSE_FRN_SPREAD since removed) tests, stamps, A/B; the PDL probe with a head
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s98            # the fused_residual_norm's phase stamps in the layer
@@ -704,6 +705,12 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s101 ]; then     # session 31 (not run): the one-launch fused_residual_norm's weight loads before the
+    # chain's wait (K3FUSE_FRN_EARLY_W; session 14's K3FUSE_EARLY_WEIGHTS had only separate-process timings): its GPU
+    # tests with it on, then the paired layer A/B at M = 1
+    K3FUSE_FRN_EARLY_W=1 pytests frn_early_w 150 tests/test_kernels_gpu.py -k "one_kernel"
+    ab_run frn_early_w 220 --var K3FUSE_FRN_EARLY_W=0,1 --kinds kda,mla --tp 16,8 --ms 1 --pairs 16
+    tar czf "$OUT/logs_s101.tgz" -C "$L" .
 elif [ "$part" = s100 ]; then     # session 31: kda_decode's stamps (K3FUSE_KDA_STAMPS) beside the fused_residual_norms'
     # on one time axis: when does frn 1 enter against kda_decode's wait and end? Its GPU tests with the stamps on first
     K3FUSE_KDA_STAMPS=1 pytests kda_stamps 100 tests/test_kda_kernel_gpu.py -k "decode"
