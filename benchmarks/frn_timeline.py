@@ -73,7 +73,7 @@ def main():
     torch._dynamo.config.cache_size_limit = 64
     from k3fuse.codegen import fused_residual_norm as frn
     from k3fuse.codegen import kda_recurrent as kr
-    from layer_ab import build_arm, capture
+    from layer_ab import build_arm, capture, restore_env
     from gpu_kernels import replay_us
     from layer_bench import clone_inputs, make_inputs, make_layer, per_rank_config, rel
     res = dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), runs=[])
@@ -116,11 +116,7 @@ def main():
                                               layer_us=run["layer_us"], stamped_launches=len(bufs))), flush=True)
                         del g
     finally:
-        for k, v in env0.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        restore_env(env0)
     with open(os.path.join(args.out, "frn_timeline.json"), "w") as f:
         json.dump(res, f, indent=1)
     for run in res["runs"]:

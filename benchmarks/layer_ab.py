@@ -57,6 +57,15 @@ def capture(fn, copies, per_copy):
 KEEP: list = []     # the kernels the memos forget between arms: the captured graphs launch them
 
 
+def restore_env(saved: dict) -> None:
+    """Put the environment variables of `saved` (name -> value, None: unset) back, after arms that set them."""
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
 def build_arm(var, value):
     """A fresh k3fuse compile with var=value: kernel memos (kept alive in KEEP) and dynamo's caches cleared first."""
     os.environ[var] = value

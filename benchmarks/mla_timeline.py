@@ -66,7 +66,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     torch._dynamo.config.cache_size_limit = 64
     from k3fuse.codegen import mla_attention as ma
-    from layer_ab import build_arm, capture
+    from layer_ab import build_arm, capture, restore_env
     from gpu_kernels import replay_us
     from layer_bench import clone_inputs, make_inputs, make_layer, per_rank_config, rel
     res = dict(gpu=torch.cuda.get_device_name(), date=time.strftime("%Y-%m-%d"), runs=[])
@@ -102,11 +102,7 @@ def main():
                                           stamped_launches=len(bufs))), flush=True)
                     del g
     finally:
-        for k, v in env0.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        restore_env(env0)
     with open(os.path.join(args.out, "mla_timeline.json"), "w") as f:
         json.dump(res, f, indent=1)
     for run in res["runs"]:
