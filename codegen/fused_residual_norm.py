@@ -332,7 +332,7 @@ def fused_residual_norm_one(o, w_o, addend, prefix, blocks, w_mix, norm_w, mix_e
     acc, ctr = one_state(o.device)
     extra = []
     if stamps_on():
-        # empty, not zeros: a fill kernel between two launches of the PDL chain breaks their programmatic edge
+        # empty, not zeros: a fill kernel between two launches of the PDL chain would break their programmatic edge
         extra = [torch.empty(ONE_G, 32, dtype=torch.int32, device=o.device)]
         STAMP_BUFS.append(extra[0])
     k(o, w_o, *[t for t in (addend, prefix) if t is not None], *blocks, *_score_vectors(w_mix, w_mix_scale, H), norm_w,

@@ -292,7 +292,7 @@ def kda_decode(q0, k0, v0, conv_state, q_taps, k_taps, v_taps, fa, f_b, dt_bias,
         conv_new = torch.empty_like(cs)
     extra = []
     if stamps_on():
-        # empty, not zeros: a fill kernel between two launches of the PDL chain breaks their programmatic edge
+        # empty, not zeros: a fill kernel between two launches of the PDL chain would break their programmatic edge
         extra = [torch.empty(R, 32, dtype=torch.int32, device=q0.device)]
         STAMP_BUFS.append(extra[0])
     kern(*x, _prep(fa, tuple(fa.shape)), _prep(dt_bias, (h, d), f32), _prep(A_log, (h,), f32), _prep(b, (R,)),
