@@ -35,6 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s103           # K3FUSE_GROUP_STREAMS: tests, A/B M = 64; MLA splits at M = 64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s102           # the M = 64 rows with the op ledger (k3fuse only)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s101           # (not run) K3FUSE_FRN_EARLY_W: tests, the layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s100           # kda_decode + fused_residual_norm stamps on one time axis (failed once: see frn_timeline.py)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s99            # (at 8dbf233; K3FUSE_FRN_SPREAD since removed) tests, stamps, A/B; the PDL probe with a head
@@ -705,6 +707,21 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s103 ]; then     # session 32: a linear group's cuBLAS GEMMs on side streams at M = 64 / 32
+    # (K3FUSE_GROUP_STREAMS): its GPU tests, the paired A/Bs; then the MLA split kernel's splits at M = 64
+    # (K3FUSE_MLA_CTAS_PER_SM = 2, the default, against 8)
+    pytests streams 150 tests/test_streams_gpu.py
+    ab_run group_streams_m64 330 --var K3FUSE_GROUP_STREAMS=0,1 --kinds kda,mla --tp 16,8 --ms 64 --pairs 8
+    ab_run mla_ctas_m64 150 --var K3FUSE_MLA_CTAS_PER_SM=2,8 --kinds mla --tp 16,8 --ms 64 --pairs 8
+    tar czf "$OUT/logs_s103.tgz" -C "$L" .
+elif [ "$part" = s102 ]; then     # session 32: the M = 64 rows with the op ledger (last rows: session 18), k3fuse only,
+    # TP16 and TP8: which op holds the time above the floor at M = 64 (issue 5 asks <= 1.3x)
+    timeout 450 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip eager,inductor \
+        --top 16 --tag _m64_ledger > "$L/lb_m64_ledger.txt" 2>&1
+    echo "layer M=64 with the op ledger rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64_ledger.txt" | sed -n '/^kind/,$p' \
+        | cut -c1-110 | tee -a "$S"
+    cp "$L"/layer_bench_m64_ledger.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s102.tgz" -C "$L" .
 elif [ "$part" = s101 ]; then     # session 31 (not run): the one-launch fused_residual_norm's weight loads before the
     # chain's wait (K3FUSE_FRN_EARLY_W; session 14's K3FUSE_EARLY_WEIGHTS had only separate-process timings): its GPU
     # tests with it on, then the paired layer A/B at M = 1

@@ -277,13 +277,19 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
+def ctas_per_sm() -> int:
+    """K3FUSE_MLA_CTAS_PER_SM=N (a measurement knob, default 2): the split kernel's CTAs per SM that n_splits aims
+    at. Read at every launch (NS is a runtime value: no recompile)."""
+    return max(1, int(os.environ.get("K3FUSE_MLA_CTAS_PER_SM", "2") or 2))
+
+
 def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
     """Splits of T per token row: about two CTAs per SM in all, at least MIN_TILES_PER_SPLIT tiles per split (one
     at M = 1: 16 -> 32 splits of a 1024-token context took the three kernels 22.8 -> 19.4 us at h = 6 and 28.0 ->
     22.7 us at h = 12 on the H200; at M = 8, 32 instead of 16 splits was 2-6% slower: benchmarks/mla_splits.py
     --kv-splits, RESULTS.md session 4)."""
     ntiles = -(-T // tt)
-    want = -(-2 * sms // max(M, 1))
+    want = -(-ctas_per_sm() * sms // max(M, 1))
     min_tiles = 1 if M == 1 else MIN_TILES_PER_SPLIT
     return max(1, min(want, -(-ntiles // min_tiles)))
 

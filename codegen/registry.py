@@ -141,6 +141,47 @@ def grouped_gemv_enabled() -> bool:
     return os.environ.get("K3FUSE_GROUPED_GEMV", "1") != "0"
 
 
+def _concurrent_fns(x, weights, situ_member: int = -1, beta=None, linear_beta=None, router_weight=None):
+    """The group's GEMMs as callables for streams.run_concurrently (each member through k3fuse::linear's CUDA path,
+    the SiTU member with its reference SiTU-GLU after it, the router's fp32 logits last), where K3FUSE_GROUP_STREAMS
+    is on and every member goes to the library at this M (the tuning table's cuBLAS buckets); else None. Also the
+    lowering's reason to keep the group ops whole there (on fake tensors: shapes and devices only)."""
+    import torch
+    from . import gemv
+    if not streams.group_streams_enabled() or getattr(x.device, "type", "") != "cuda":
+        return None
+    K = x.shape[-1]
+    M = x.numel() // K if K else 0
+    ws = list(weights) + ([router_weight] if router_weight is not None else [])
+    if not isinstance(M, int) or not 1 <= M <= MAX_M or len(ws) < 2 or x.dtype != torch.bfloat16:
+        return None
+    if any(w.dtype != torch.bfloat16 or w.dim() != 2 or gemv.route(w.shape[0], K, M)[0] is not None
+           for w in weights):
+        return None
+    fns = [(lambda w=w: linear_cuda(x, w)) for w in weights]
+    if situ_member >= 0:
+        lin = fns[situ_member]
+        fns[situ_member] = lambda: _ref("situ_glu")(lin(), beta, linear_beta)
+    if router_weight is not None:
+        fns.append(lambda: torch.ops.k3fuse.router_logits(x, router_weight))
+    return fns
+
+
+def _group_concurrently(x, fns, sizes):
+    """streams.run_concurrently over the group's callables (in member order), the largest GEMM (sizes: weight
+    elements per callable) on the current stream, launched after the small ones are already running on the side
+    streams. Returns the results in member order."""
+    from .prefetch import join_pending
+    join_pending()
+    big = max(range(len(fns)), key=lambda i: sizes[i])
+    order = [big] + [i for i in range(len(fns)) if i != big]
+    outs = streams.run_concurrently(x.device, [fns[i] for i in order])
+    res = [None] * len(fns)
+    for i, o in zip(order, outs):
+        res[i] = o
+    return res
+
+
 def linear_group_cuda(x, weights):
     import torch
     from . import gemv
@@ -166,6 +207,9 @@ def linear_group_cuda(x, weights):
             reason = f"{[w.shape[0] for w in weights]}x{K}: {why}"
     if reason is not None:
         log_fallback(op, reason)
+        fns = _concurrent_fns(x, weights) if cfg is None and grouped_gemv_enabled() else None
+        if fns is not None:
+            return _group_concurrently(x, fns, [w.numel() for w in weights])
         return [linear_cuda(x, w) for w in weights]
     join_pending()
     x2 = x.reshape(M, K)
@@ -212,8 +256,10 @@ def _group_situ_cfg(x, weights, situ_member):
 
 
 def _linear_group_situ_applies(x, weights, situ_member, beta, linear_beta) -> bool:
-    """Where not (the mma buckets, from M = 3-4 on the H200), the lowering inlines linear_group + situ_glu."""
-    return _group_situ_cfg(x, weights, situ_member)[0] is not None
+    """Where not (the mma buckets, from M = 3-4 on the H200), the lowering inlines linear_group + situ_glu; kept whole
+    where the group's GEMMs run concurrently (_concurrent_fns), so the SiTU member's epilogue runs on its stream."""
+    return (_group_situ_cfg(x, weights, situ_member)[0] is not None
+            or _concurrent_fns(x, weights, situ_member) is not None)
 
 
 def linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta):
@@ -224,6 +270,9 @@ def linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta):
     if cfg is None:
         if reason:
             log_fallback(op, reason)
+        fns = _concurrent_fns(x, weights, situ_member, beta, linear_beta)
+        if fns is not None:
+            return _group_concurrently(x, fns, [w.numel() for w in weights])
         outs = linear_group_cuda(x, weights)
         outs[situ_member] = _ref("situ_glu")(outs[situ_member], beta, linear_beta)
         return outs
@@ -263,8 +312,10 @@ def _group_router_cfg(x, weights, router_weight, situ_member):
 
 
 def _linear_group_router_applies(x, weights, router_weight, situ_member, beta, linear_beta) -> bool:
-    """Where not (the mma buckets, from M = 3-4 on the H200), the lowering inlines the group op + router_logits."""
-    return _group_router_cfg(x, weights, router_weight, situ_member)[0] is not None
+    """Where not (the mma buckets, from M = 3-4 on the H200), the lowering inlines the group op + router_logits; kept
+    whole where the group's GEMMs and the router's run concurrently (_concurrent_fns)."""
+    return (_group_router_cfg(x, weights, router_weight, situ_member)[0] is not None
+            or _concurrent_fns(x, weights, situ_member, router_weight=router_weight) is not None)
 
 
 def linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linear_beta):
@@ -277,6 +328,9 @@ def linear_group_router_cuda(x, weights, router_weight, situ_member, beta, linea
     if cfg is None:
         if reason:
             log_fallback(op, reason)
+        fns = _concurrent_fns(x, weights, situ_member, beta, linear_beta, router_weight)
+        if fns is not None:
+            return _group_concurrently(x, fns, [w.numel() for w in ws])
         if situ_member >= 0:
             outs = linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta)
         else:

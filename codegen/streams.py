@@ -1,4 +1,5 @@
-"""CUDA implementations of k3fuse::side_linear_situ / k3fuse::stream_join: the shared expert on a side stream.
+"""CUDA implementations of k3fuse::side_linear_situ / k3fuse::stream_join: the shared expert on a side stream;
+and run_concurrently, the library GEMMs of one linear group forked over side streams and joined.
 
 side_linear_situ records an event on the current stream, makes the side stream wait for it, runs the GEMV (the
 k3fuse::linear CUDA implementation: generated kernel or cuBLAS) and SiTU-GLU there, and returns at once;
@@ -8,6 +9,7 @@ current one, so the caching allocator does not reuse it early.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 _local = threading.local()
@@ -54,3 +56,50 @@ def stream_join_cuda(x):
     if done is not None:
         torch.cuda.current_stream(x.device).wait_event(done)
     return x.clone()
+
+
+# ------------------------------------------------------------------------------- a group's library GEMMs at once
+def group_streams_enabled() -> bool:
+    """K3FUSE_GROUP_STREAMS=1: where every GEMM of a linear group goes to the library (cuBLAS: the buckets the tuning
+    table routes there, M = 17..64 on the H200), they run concurrently on side streams instead of one after another.
+    Each of those GEMMs alone is a few waves of split-K CTAs plus a reduce kernel, far from the copy bandwidth at
+    decode widths (768 x 7168 at M = 64: 8.6 us for 11 MB, RESULTS.md "Session 19"). Read at every launch."""
+    return os.environ.get("K3FUSE_GROUP_STREAMS", "0") == "1"
+
+
+def _group_pool(device, n: int) -> list:
+    """n side streams of the device for run_concurrently (not the shared expert's: that one may be in flight)."""
+    import torch
+    pools = getattr(_local, "group_pools", None)
+    if pools is None:
+        pools = _local.group_pools = {}
+    pool = pools.setdefault(device, [])
+    while len(pool) < n:
+        pool.append(torch.cuda.Stream(device=device))
+    return pool[:n]
+
+
+def run_concurrently(device, fns: list) -> list:
+    """[fn() for fn in fns], fns[1:] each on its own side stream (forked from the current stream's position), fns[0]
+    on the current stream, launched last; the current stream then waits for every side stream, so what follows sees
+    all results. Works inside CUDA-graph capture (fork / join edges). A side stream's tensors are record_stream'ed on
+    the current one: the allocator keeps them until the current stream's uses are done."""
+    import torch
+    cur = torch.cuda.current_stream(device)
+    fork = torch.cuda.Event()
+    fork.record(cur)
+    outs: list = [None] * len(fns)
+    joins = []
+    for i, (fn, side) in enumerate(zip(fns[1:], _group_pool(device, len(fns) - 1)), 1):
+        side.wait_event(fork)
+        with torch.cuda.stream(side):
+            outs[i] = fn()
+            done = torch.cuda.Event()
+            done.record(side)
+        joins.append(done)
+        for t in outs[i] if isinstance(outs[i], (list, tuple)) else [outs[i]]:
+            t.record_stream(cur)
+    outs[0] = fns[0]()
+    for done in joins:
+        cur.wait_event(done)
+    return outs

@@ -41,3 +41,70 @@ def test_side_stream_values_and_graph():
     g.replay()
     torch.cuda.synchronize()
     assert rel(out, ops.side_linear_situ._init_fn(x, w, 4.0, 25.0)) < 1e-2
+
+
+# ------------------------------------------------------------------ K3FUSE_GROUP_STREAMS: a group's GEMMs at once
+def _ref_group(x, ws):
+    return [(x.double() @ w.double().t()) for w in ws]
+
+
+@pytest.mark.parametrize("M", [32, 64])
+def test_group_streams_linear_group_bitwise_and_graph(monkeypatch, M):
+    """The library buckets' linear_group on side streams: bitwise the serial calls' values (the same cuBLAS GEMMs),
+    within 1e-2 of fp64, and right when replayed from a CUDA graph with poisoned outputs and fresh inputs."""
+    from k3fuse.codegen import registry
+    registry.register()
+    x = torch.randn(M, 7168, device="cuda", dtype=torch.bfloat16)
+    ws = [torch.randn(n, 7168, device="cuda", dtype=torch.bfloat16) * 7168 ** -0.5 for n in (768, 768, 3584, 96, 32)]
+    monkeypatch.setenv("K3FUSE_GROUP_STREAMS", "0")
+    assert registry._concurrent_fns(x, ws) is None
+    serial = torch.ops.k3fuse.linear_group(x, ws)
+    monkeypatch.setenv("K3FUSE_GROUP_STREAMS", "1")
+    assert registry._concurrent_fns(x, ws) is not None
+    conc = torch.ops.k3fuse.linear_group(x, ws)
+    torch.cuda.synchronize()
+    for a, b, r in zip(conc, serial, _ref_group(x, ws)):
+        assert torch.equal(a, b)
+        assert rel(a, r) < 1e-2
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        torch.ops.k3fuse.linear_group(x, ws)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs = torch.ops.k3fuse.linear_group(x, ws)
+    for o in outs:
+        o.fill_(float("nan"))
+    x.copy_(torch.randn_like(x))
+    g.replay()
+    torch.cuda.synchronize()
+    for o, r in zip(outs, _ref_group(x, ws)):
+        assert rel(o, r) < 1e-2
+
+
+def test_group_streams_router_group_with_situ(monkeypatch):
+    """linear_group_router with a SiTU member at M = 64 (the MoE group: latent down, shared gate_up, router):
+    concurrent = serial bitwise, and the op's reference within 1e-2."""
+    import k3fuse.ops as ops
+    from k3fuse.codegen import registry
+    registry.register()
+    M = 64
+    x = torch.randn(M, 7168, device="cuda", dtype=torch.bfloat16)
+    ws = [torch.randn(n, 7168, device="cuda", dtype=torch.bfloat16) * 7168 ** -0.5 for n in (3584, 768)]
+    rw = torch.randn(896, 7168, device="cuda", dtype=torch.bfloat16) * 7168 ** -0.5
+    args = (x, ws, rw, 1, 4.0, 25.0)
+    monkeypatch.setenv("K3FUSE_GROUP_STREAMS", "0")
+    serial = torch.ops.k3fuse.linear_group_router(*args)
+    monkeypatch.setenv("K3FUSE_GROUP_STREAMS", "1")
+    assert registry._linear_group_router_applies(*args)
+    conc = torch.ops.k3fuse.linear_group_router(*args)
+    torch.cuda.synchronize()
+    assert [tuple(t.shape) for t in conc] == [(M, 3584), (M, 384), (M, 896)] and conc[2].dtype == torch.float32
+    for a, b in zip(conc, serial):
+        assert torch.equal(a, b)
+    with torch.no_grad():
+        monkeypatch.setenv("K3FUSE_KERNELS", "0")
+        ref = ops.linear_group_router._init_fn(*args)
+    for a, r in zip(conc, ref):
+        assert rel(a, r) < 1e-2
