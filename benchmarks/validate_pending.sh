@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s104           # which groups gain on streams; MLA splits at M = 32, 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s103           # K3FUSE_GROUP_STREAMS: tests, A/B M = 64; MLA splits at M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s102           # the M = 64 rows with the op ledger (k3fuse only)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s101           # (not run) K3FUSE_FRN_EARLY_W: tests, the layer A/B
@@ -707,6 +708,15 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s104 ]; then     # session 32: which groups gain on side streams (K3FUSE_GROUP_STREAMS=N: groups of >= N
+    # GEMMs; KDA's in_proj has 5-6, the MoE group 3 with the router, MLA's q_a / kv_a 2; MLA's arms of 0,4 are equal),
+    # M = 32; the MLA split count at M = 32 and the fewest tiles per split at M = 64
+    ab_run gs_0_4 120 --var K3FUSE_GROUP_STREAMS=0,4 --kinds kda,mla --tp 16 --ms 64 --pairs 8
+    ab_run gs_4_3 120 --var K3FUSE_GROUP_STREAMS=4,3 --kinds kda,mla --tp 16 --ms 64 --pairs 8
+    ab_run mla_ctas_m32 110 --var K3FUSE_MLA_CTAS_PER_SM=2,8 --kinds mla --tp 16,8 --ms 32 --pairs 8
+    K3FUSE_MLA_CTAS_PER_SM=8 ab_run mla_mintiles_m64 110 --var K3FUSE_MLA_MIN_TILES=2,1 --kinds mla --tp 16,8 --ms 64 --pairs 8
+    ab_run gs_m32 110 --var K3FUSE_GROUP_STREAMS=0,1 --kinds kda,mla --tp 16 --ms 32 --pairs 8
+    tar czf "$OUT/logs_s104.tgz" -C "$L" .
 elif [ "$part" = s103 ]; then     # session 32: a linear group's cuBLAS GEMMs on side streams at M = 64 / 32
     # (K3FUSE_GROUP_STREAMS): its GPU tests, the paired A/Bs; then the MLA split kernel's splits at M = 64
     # (K3FUSE_MLA_CTAS_PER_SM = 2, the default, against 8)

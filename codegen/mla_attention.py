@@ -279,7 +279,8 @@ def _sm_count(index: int) -> int:
 
 def ctas_per_sm() -> int:
     """K3FUSE_MLA_CTAS_PER_SM=N (a measurement knob, default 2): the split kernel's CTAs per SM that n_splits aims
-    at. Read at every launch (NS is a runtime value: no recompile)."""
+    at. Read at every launch (NS is a runtime value: no recompile). K3FUSE_MLA_MIN_TILES (default
+    MIN_TILES_PER_SPLIT) likewise sets the fewest tiles per split at M > 1."""
     return max(1, int(os.environ.get("K3FUSE_MLA_CTAS_PER_SM", "2") or 2))
 
 
@@ -290,7 +291,7 @@ def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
     --kv-splits, RESULTS.md session 4)."""
     ntiles = -(-T // tt)
     want = -(-ctas_per_sm() * sms // max(M, 1))
-    min_tiles = 1 if M == 1 else MIN_TILES_PER_SPLIT
+    min_tiles = 1 if M == 1 else int(os.environ.get("K3FUSE_MLA_MIN_TILES", MIN_TILES_PER_SPLIT))
     return max(1, min(want, -(-ntiles // min_tiles)))
 
 

@@ -144,16 +144,17 @@ def grouped_gemv_enabled() -> bool:
 def _concurrent_fns(x, weights, situ_member: int = -1, beta=None, linear_beta=None, router_weight=None):
     """The group's GEMMs as callables for streams.run_concurrently (each member through k3fuse::linear's CUDA path,
     the SiTU member with its reference SiTU-GLU after it, the router's fp32 logits last), where K3FUSE_GROUP_STREAMS
-    is on and every member goes to the library at this M (the tuning table's cuBLAS buckets); else None. Also the
+    (streams.group_streams_min) takes a group of this many GEMMs and every member goes to the library at this M (the tuning table's cuBLAS buckets); else None. Also the
     lowering's reason to keep the group ops whole there (on fake tensors: shapes and devices only)."""
     import torch
     from . import gemv
-    if not streams.group_streams_enabled() or getattr(x.device, "type", "") != "cuda":
+    least = streams.group_streams_min()
+    if not least or getattr(x.device, "type", "") != "cuda":
         return None
     K = x.shape[-1]
     M = x.numel() // K if K else 0
     ws = list(weights) + ([router_weight] if router_weight is not None else [])
-    if not isinstance(M, int) or not 1 <= M <= MAX_M or len(ws) < 2 or x.dtype != torch.bfloat16:
+    if not isinstance(M, int) or not 1 <= M <= MAX_M or len(ws) < least or x.dtype != torch.bfloat16:
         return None
     if any(w.dtype != torch.bfloat16 or w.dim() != 2 or gemv.route(w.shape[0], K, M)[0] is not None
            for w in weights):

@@ -59,12 +59,14 @@ def stream_join_cuda(x):
 
 
 # ------------------------------------------------------------------------------- a group's library GEMMs at once
-def group_streams_enabled() -> bool:
-    """K3FUSE_GROUP_STREAMS=1: where every GEMM of a linear group goes to the library (cuBLAS: the buckets the tuning
-    table routes there, M = 17..64 on the H200), they run concurrently on side streams instead of one after another.
-    Each of those GEMMs alone is a few waves of split-K CTAs plus a reduce kernel, far from the copy bandwidth at
-    decode widths (768 x 7168 at M = 64: 8.6 us for 11 MB, RESULTS.md "Session 19"). Read at every launch."""
-    return os.environ.get("K3FUSE_GROUP_STREAMS", "0") == "1"
+def group_streams_min() -> int:
+    """K3FUSE_GROUP_STREAMS=N: where every GEMM of a linear group goes to the library (cuBLAS: the buckets the tuning
+    table routes there, M = 17..64 on the H200), groups of N or more GEMMs (the router's counted) run them
+    concurrently on side streams instead of one after another; 0 = never, 1 = as 2. Each of those GEMMs alone is a
+    few waves of split-K CTAs plus a reduce kernel, far from the copy bandwidth at decode widths (768 x 7168 at
+    M = 64: 8.6 us for 11 MB, RESULTS.md "Session 19"). Read at every launch and by the lowering."""
+    n = int(os.environ.get("K3FUSE_GROUP_STREAMS", "0") or 0)
+    return 0 if n <= 0 else max(2, n)
 
 
 def _group_pool(device, n: int) -> list:

@@ -44,3 +44,16 @@ def test_single_member_or_cpu_never_forks(monkeypatch):
     assert registry._concurrent_fns(x, ws) is None
     xc = torch.randn(64, 64, dtype=torch.bfloat16)
     assert registry._concurrent_fns(xc, [torch.randn(8, 64, dtype=torch.bfloat16)] * 2) is None
+
+
+def test_group_size_threshold(monkeypatch):
+    """K3FUSE_GROUP_STREAMS=N takes groups of N or more GEMMs only (1 reads as 2)."""
+    x, ws, rw = _fake(64, (3584, 768), router=896)
+    monkeypatch.setenv("K3FUSE_GROUP_STREAMS", "4")
+    assert registry._concurrent_fns(x, ws, 1, 4.0, 25.0, rw) is None
+    assert len(registry._concurrent_fns(*_fake(64, (768,) * 4)[:2])) == 4
+    monkeypatch.setenv("K3FUSE_GROUP_STREAMS", "3")
+    assert len(registry._concurrent_fns(x, ws, 1, 4.0, 25.0, rw)) == 3
+    assert registry._concurrent_fns(x, ws) is None
+    monkeypatch.setenv("K3FUSE_GROUP_STREAMS", "1")
+    assert len(registry._concurrent_fns(x, ws)) == 2
