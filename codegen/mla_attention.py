@@ -277,20 +277,28 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def ctas_per_sm() -> int:
-    """K3FUSE_MLA_CTAS_PER_SM=N (a measurement knob, default 2): the split kernel's CTAs per SM that n_splits aims
-    at. Read at every launch (NS is a runtime value: no recompile). K3FUSE_MLA_MIN_TILES (default
+# The split kernel's CTAs per SM that n_splits aims at, per batch bucket (default 2). Session 32 (H200, layer_ab.py
+# --var K3FUSE_MLA_CTAS_PER_SM=2,8, MLA + MoE, 8 pairs, RESULTS.md "Session 32"): at M = 64 (5 -> 16 splits of a
+# 1024-token context) TP16 -13.8 us (8 / 8), TP8 -8.7 (8 / 8); at M = 32 (9 -> 16) +2.8 / +4.1, so not there.
+CTAS_PER_SM_BY_BUCKET = {64: 8}
+
+
+def ctas_per_sm(M: int = 1) -> int:
+    """K3FUSE_MLA_CTAS_PER_SM=N (a measurement knob; default CTAS_PER_SM_BY_BUCKET for M's bucket, else 2): the split
+    kernel's CTAs per SM that n_splits aims at. Read at every launch (NS is a runtime value: no recompile). K3FUSE_MLA_MIN_TILES (default
     MIN_TILES_PER_SPLIT) likewise sets the fewest tiles per split at M > 1."""
-    return max(1, int(os.environ.get("K3FUSE_MLA_CTAS_PER_SM", "2") or 2))
+    from .buckets import bucket_for
+    v = os.environ.get("K3FUSE_MLA_CTAS_PER_SM", "")
+    return max(1, int(v) if v else CTAS_PER_SM_BY_BUCKET.get(bucket_for(M), 2))
 
 
 def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
-    """Splits of T per token row: about two CTAs per SM in all, at least MIN_TILES_PER_SPLIT tiles per split (one
+    """Splits of T per token row: about ctas_per_sm(M) CTAs per SM in all (2; 8 at bucket 64), at least MIN_TILES_PER_SPLIT tiles per split (one
     at M = 1: 16 -> 32 splits of a 1024-token context took the three kernels 22.8 -> 19.4 us at h = 6 and 28.0 ->
     22.7 us at h = 12 on the H200; at M = 8, 32 instead of 16 splits was 2-6% slower: benchmarks/mla_splits.py
     --kv-splits, RESULTS.md session 4)."""
     ntiles = -(-T // tt)
-    want = -(-ctas_per_sm() * sms // max(M, 1))
+    want = -(-ctas_per_sm(M) * sms // max(M, 1))
     min_tiles = 1 if M == 1 else int(os.environ.get("K3FUSE_MLA_MIN_TILES", MIN_TILES_PER_SPLIT))
     return max(1, min(want, -(-ntiles // min_tiles)))
 

@@ -59,13 +59,19 @@ def stream_join_cuda(x):
 
 
 # ------------------------------------------------------------------------------- a group's library GEMMs at once
+# Default 4 (session 32, H200, layer_ab.py --var K3FUSE_GROUP_STREAMS, 8 pairs, RESULTS.md "Session 32"): KDA's in_proj
+# group (5-6 GEMMs) on side streams: KDA + MoE TP16 M = 64 -20.3 us (8 / 8), TP8 -18.1, TP16 M = 32 -20.2; the MoE
+# group (3 with the router) and MLA's q_a / kv_a (2) gained nothing measurable (4 -> 3: KDA +0.5, MLA -1.7 us).
+GROUP_STREAMS_DEFAULT = "4"
+
+
 def group_streams_min() -> int:
     """K3FUSE_GROUP_STREAMS=N: where every GEMM of a linear group goes to the library (cuBLAS: the buckets the tuning
     table routes there, M = 17..64 on the H200), groups of N or more GEMMs (the router's counted) run them
     concurrently on side streams instead of one after another; 0 = never, 1 = as 2. Each of those GEMMs alone is a
     few waves of split-K CTAs plus a reduce kernel, far from the copy bandwidth at decode widths (768 x 7168 at
     M = 64: 8.6 us for 11 MB, RESULTS.md "Session 19"). Read at every launch and by the lowering."""
-    n = int(os.environ.get("K3FUSE_GROUP_STREAMS", "0") or 0)
+    n = int(os.environ.get("K3FUSE_GROUP_STREAMS", GROUP_STREAMS_DEFAULT) or 0)
     return 0 if n <= 0 else max(2, n)
 
 

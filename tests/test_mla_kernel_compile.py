@@ -271,7 +271,7 @@ def _emulate(q_nope, q_pe, cache, kv_b, seq_lens, scale, ns, tt):
 @pytest.mark.parametrize("M,T,seq_lens,ns,tt", [(1, 7, [6], 1, 32), (3, 100, [0, 57, 99], 2, 32),
                                                  (3, 100, [31, 32, 33], 4, 32), (2, 300, [299, 150], 3, 64),
                                                  (2, 65, [64, 200], 5, 32)])
-def test_mla_split_arithmetic_model(M, T, seq_lens, ns, tt):
+def test_mla_split_arithmetic_model(M, T, seq_lens, ns, tt, monkeypatch):
     """The split / tile bookkeeping of the kernels (empty splits, tiles cut by seq_lens, garbage rows) reproduces
     the reference; n_splits() keeps every split count valid."""
     g = torch.Generator().manual_seed(M * 1000 + T)
@@ -284,8 +284,14 @@ def test_mla_split_arithmetic_model(M, T, seq_lens, ns, tt):
         for TT in (1, 31, 32, 4096, 8192):
             k = ma.n_splits(MM, TT)
             assert 1 <= k <= max(1, -(-TT // ma.DEFAULT_TT))
-    # the measured choice at a 1024-token context (132 SMs): one tile per split at M = 1, two from M = 2
-    assert (ma.n_splits(1, 1024), ma.n_splits(8, 1024), ma.n_splits(64, 1024)) == (32, 16, 5)
+    # the measured choice at a 1024-token context (132 SMs): one tile per split at M = 1, two from M = 2; about 2 CTAs
+    # per SM (M = 32: 9 splits), 8 at bucket 64 (session 32), the knob over both
+    assert [ma.n_splits(m, 1024) for m in (1, 8, 32, 64)] == [32, 16, 9, 16]
+    monkeypatch.setenv("K3FUSE_MLA_CTAS_PER_SM", "2")
+    assert ma.n_splits(64, 1024) == 5
+    monkeypatch.setenv("K3FUSE_MLA_MIN_TILES", "1")
+    monkeypatch.setenv("K3FUSE_MLA_CTAS_PER_SM", "8")
+    assert ma.n_splits(64, 1024) == 17
 
 
 def test_mla_fallback_on_cpu():
