@@ -38,7 +38,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s104           # which groups gain on streams; MLA splits at M = 32, 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s103           # K3FUSE_GROUP_STREAMS: tests, A/B M = 64; MLA splits at M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s102           # the M = 64 rows with the op ledger (k3fuse only)
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s101           # (not run) K3FUSE_FRN_EARLY_W: tests, the layer A/B
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s101           # (run in session 32; K3FUSE_FRN_EARLY_W since removed) tests, the layer A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s100           # kda_decode + fused_residual_norm stamps on one time axis (failed once: see frn_timeline.py)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s99            # (at 8dbf233; K3FUSE_FRN_SPREAD since removed) tests, stamps, A/B; the PDL probe with a head
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s98            # the fused_residual_norm's phase stamps in the layer
@@ -732,7 +732,7 @@ elif [ "$part" = s102 ]; then     # session 32: the M = 64 rows with the op ledg
         | cut -c1-110 | tee -a "$S"
     cp "$L"/layer_bench_m64_ledger.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s102.tgz" -C "$L" .
-elif [ "$part" = s101 ]; then     # session 31 (not run): the one-launch fused_residual_norm's weight loads before the
+elif [ "$part" = s101 ]; then     # session 31 (run in session 32 at eff9ad4; the knob since removed): the one-launch fused_residual_norm's weight loads before the
     # chain's wait (K3FUSE_FRN_EARLY_W; session 14's K3FUSE_EARLY_WEIGHTS had only separate-process timings): its GPU
     # tests with it on, then the paired layer A/B at M = 1
     K3FUSE_FRN_EARLY_W=1 pytests frn_early_w 150 tests/test_kernels_gpu.py -k "one_kernel"

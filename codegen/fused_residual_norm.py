@@ -17,7 +17,7 @@ import os
 from typing import Optional
 
 from .buckets import bucket_for
-from .render import pdl_chain, render
+from .render import render
 
 FAMILY = "fused_residual_norm"
 TEMPLATE = "fused_residual_norm_mixnorm.py.jinja"
@@ -249,16 +249,7 @@ def one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, w
                 MIX_EPS=repr(float(mix_eps)), NORM_EPS=repr(float(norm_eps)), WM_PAIR=bool(wm_pair), G=ONE_G,
                 W=ONE_W, RPW=H // (ONE_G * ONE_W), ITERS=-(-(K // 8) // 32), ACC=ONE_ACC, ACCT=ONE_ACCT, BM=bm,
                 TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=one_spin_ns(), LEAN=one_lean_tail(), PRELOAD=one_preload(),
-                **({"STAMPS": True} if stamps_on() else {}),     # absent when off: the same source
-                **({"EARLY_W": True} if early_weights() and one_preload() and pdl_chain() else {}))
-
-
-def early_weights() -> bool:
-    """K3FUSE_FRN_EARLY_W=1 (opt-in, not yet measured): with PRELOAD and the PDL chain, the one-launch kernel issues
-    its weight loads before griddepcontrol.wait (everything else after it), so that they can overlap the predecessor
-    where the CTAs are resident early (kda_decode / the per-head MLA kernel trigger at their start). Session 14's
-    K3FUSE_EARLY_WEIGHTS did this with separate-process timing only. Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_FRN_EARLY_W", "0") == "1"
+                **({"STAMPS": True} if stamps_on() else {}))     # absent when off: the same source
 
 
 def stamps_on() -> bool:
@@ -276,8 +267,7 @@ def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = ("one", H, K, nb, bool(has_addend), bool(has_prefix), bool(fp32_norm), float(mix_eps), float(norm_eps),
-            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), one_preload(), stamps_on(), early_weights(),
-            bm)   # bm last: tests
+            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), one_preload(), stamps_on(), bm)   # bm last: tests
     if memo in _built:
         return _built[memo]
     src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair,

@@ -788,35 +788,3 @@ def test_gemv_splitk_configs_and_route(monkeypatch):
     assert gemv.route(7168, 3584, 8, gpu="nvidia_h200")[0]["variant"] == "mma"
     cfg, why = gemv.group_route([3584, 768], 7168, 64)
     assert cfg is None and "split-K" in why
-
-
-@pytest.mark.parametrize("K,bm", [(768, 1), (384, 1), (1536, 1), (768, 4)])
-def test_fused_residual_norm_one_kernel_early_weights(K, bm, monkeypatch):
-    """K3FUSE_FRN_EARLY_W=1 (opt-in): with PRELOAD (the default) and the PDL chain, every weight load of the thread
-    (ITERS x RPW 128-bit loads) sits before griddepcontrol.wait in the sm_90a SASS (ACQBULK) and no other global load
-    does; without it none does. Off, without PRELOAD or without the chain, the source is the kernel of before."""
-    import subprocess
-    from k3fuse.codegen import fused_residual_norm as frn
-    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
-    monkeypatch.delenv("K3FUSE_FRN_PRELOAD", raising=False)
-    args = (7168, K, 4, False, True, False, 1e-6, 1e-5, True)
-    monkeypatch.setenv("K3FUSE_FRN_EARLY_W", "0")
-    off = frn.build_one(*args, arch="sm_90a", load=False, bm=bm)
-    monkeypatch.setenv("K3FUSE_FRN_EARLY_W", "1")
-    on = frn.build_one(*args, arch="sm_90a", load=False, bm=bm)
-    assert "EARLY_W" not in off.source and "EARLY_W=True" in on.source
-    monkeypatch.setenv("K3FUSE_FRN_PRELOAD", "0")
-    assert "EARLY_W" not in frn.build_one(*args, arch="sm_90a", load=False, bm=bm).source
-    monkeypatch.delenv("K3FUSE_FRN_PRELOAD")
-    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")
-    assert "griddepcontrol" not in frn.render(frn.ONE_TEMPLATE, **frn.one_params(*args, bm=bm))
-    monkeypatch.delenv("K3FUSE_PDL_CHAIN")
-    nd = _nvdisasm()
-    if nd is None:
-        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
-    iters = -(-(K // 8) // 32)
-    for k, want in ((off, 0), (on, iters * 7)):
-        assert "ld.local" not in ptx_of(k)
-        sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
-        pre = sass[:sass.index("ACQBULK")]
-        assert len(re.findall(r"LDG\.E\.128", pre)) == want and len(re.findall(r"\bLDG", pre)) == want

@@ -296,7 +296,8 @@ def test_fused_residual_norm_one_kernel_preload(M, K, nb, addend, prefix, fp32, 
     case = frn_one_case(M, K, nb, addend, prefix, fp32, pair)
     for _ in range(3):
         frn_one_run(case)
-    assert any(key[0] == "one" and key[-2] == int(preload) for key in frn._built)
+    # build_one's memo ends (..., one_preload(), stamps_on(), bm)
+    assert any(key[0] == "one" and key[-3] == int(preload) and key[-2] is False for key in frn._built)
     frn_one_against_two(case, monkeypatch, "K3FUSE_FRN_ONE_KERNEL", "0")
 
 
