@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s105           # the new defaults: tests, memcheck, M = 64 rows, e2e M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s104           # which groups gain on streams; MLA splits at M = 32, 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s103           # K3FUSE_GROUP_STREAMS: tests, A/B M = 64; MLA splits at M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s102           # the M = 64 rows with the op ledger (k3fuse only)
@@ -708,6 +709,21 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s105 ]; then     # session 32: the new defaults (K3FUSE_GROUP_STREAMS=4, the MLA split kernel at 8 CTAs
+    # per SM at bucket 64): GPU tests (streams, the preload test's memo fix), memcheck of the streams tests, the M = 64
+    # rows (k3fuse + eager), the multi-layer model end to end at M = 64
+    pytests streams 120 tests/test_streams_gpu.py
+    pytests preload 120 tests/test_kernels_gpu.py -k "one_kernel_preload"
+    memcheck memcheck_streams 150 tests/test_streams_gpu.py -k "group_streams"
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip inductor \
+        --top 16 --tag _m64 > "$L/lb_m64.txt" 2>&1
+    echo "layer M=64 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    grep -A12 "bytes per op call" "$L/lb_m64.txt" | grep -E "kda tp16|linear_group|mla_append|sum" | cut -c1-100 | tee -a "$S"
+    cp "$L"/layer_bench_m64.json "$L"/layer_bench_m64.png "$OUT/" 2>/dev/null
+    timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 64 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e M=64 rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
+    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s105.tgz" -C "$L" .
 elif [ "$part" = s104 ]; then     # session 32: which groups gain on side streams (K3FUSE_GROUP_STREAMS=N: groups of >= N
     # GEMMs; KDA's in_proj has 5-6, the MoE group 3 with the router, MLA's q_a / kv_a 2; MLA's arms of 0,4 are equal),
     # M = 32; the MLA split count at M = 32 and the fewest tiles per split at M = 64
