@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s106           # MLA splits 17 vs 32 at M = 64; group streams TP8 M = 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s105           # the new defaults: tests, memcheck, M = 64 rows, e2e M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s104           # which groups gain on streams; MLA splits at M = 32, 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s103           # K3FUSE_GROUP_STREAMS: tests, A/B M = 64; MLA splits at M = 64
@@ -709,6 +710,11 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s106 ]; then     # session 32: the MLA split count at M = 64 once more (8 CTAs per SM, NS 17, against
+    # 16, NS 32; both with one tile per split allowed), and the group streams' default at TP8 M = 32
+    K3FUSE_MLA_MIN_TILES=1 ab_run mla_ctas16_m64 150 --var K3FUSE_MLA_CTAS_PER_SM=8,16 --kinds mla --tp 16,8 --ms 64 --pairs 8
+    ab_run gs_tp8_m32 150 --var K3FUSE_GROUP_STREAMS=0,4 --kinds kda --tp 8 --ms 32 --pairs 8
+    tar czf "$OUT/logs_s106.tgz" -C "$L" .
 elif [ "$part" = s105 ]; then     # session 32: the new defaults (K3FUSE_GROUP_STREAMS=4, the MLA split kernel at 8 CTAs
     # per SM at bucket 64): GPU tests (streams, the preload test's memo fix), memcheck of the streams tests, the M = 64
     # rows (k3fuse + eager), the multi-layer model end to end at M = 64

@@ -9,7 +9,9 @@ registers, with torch.library.register_kernel(..., "cuda", ...):
                                prefer cuBLAS; else the unfused path (cuBLAS F.linear for bf16, the reference otherwise)
   k3fuse::linear_group         unless K3FUSE_GROUPED_GEMV=0: one grouped GEMV launch over all the weights (same routing
                                as one GEMV of the concatenated shape); otherwise, or where it does not apply, one
-                               k3fuse::linear CUDA call per weight (what the separate linears did before the pass)
+                               k3fuse::linear CUDA call per weight (what the separate linears did before the pass),
+                               concurrently on side streams where they all go to cuBLAS and the group has
+                               K3FUSE_GROUP_STREAMS (default 4) or more (streams.run_concurrently)
   k3fuse::linear_group_situ    the grouped GEMV with a SiTU-GLU epilogue on one member where the simt kernel applies
                                (KERNEL_APPLIES; else the lowering splits it), otherwise linear_group + the SiTU reference
   k3fuse::linear_group_router  the group (SiTU member or not) with the MoE router's rows as one more, fp32-output member,
