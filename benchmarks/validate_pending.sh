@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s107           # the M = 64 per-kernel ledger without the PDL chain
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s106           # MLA splits 17 vs 32 at M = 64; group streams TP8 M = 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s105           # the new defaults: tests, memcheck, M = 64 rows, e2e M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s104           # which groups gain on streams; MLA splits at M = 32, 64
@@ -710,6 +711,15 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s107 ]; then     # session 32: the M = 64 per-kernel ledger without the PDL chain (each kernel's own
+    # time, not its wait on the previous one), TP16 and TP8, both kinds, k3fuse only: the experts' and the MLA
+    # attention's kernels apart
+    K3FUSE_PDL_CHAIN=0 timeout 300 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 \
+        --skip eager,inductor --top 12 --tag _m64_pdl0 > "$L/lb_m64_pdl0.txt" 2>&1
+    echo "layer M=64 PDL_CHAIN=0 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64_pdl0.txt" | grep -E "^(kda|mla) |^k3fuse|^ +[0-9]" \
+        | cut -c1-100 | tee -a "$S"
+    cp "$L"/layer_bench_m64_pdl0.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s107.tgz" -C "$L" .
 elif [ "$part" = s106 ]; then     # session 32: the MLA split count at M = 64 once more (8 CTAs per SM, NS 17, against
     # 16, NS 32; both with one tile per split allowed), and the group streams' default at TP8 M = 32
     K3FUSE_MLA_MIN_TILES=1 ab_run mla_ctas16_m64 150 --var K3FUSE_MLA_CTAS_PER_SM=8,16 --kinds mla --tp 16,8 --ms 64 --pairs 8
