@@ -81,7 +81,9 @@ def splits_for(M: int, h: Optional[int] = None) -> tuple:
     b = bucket_for(M)
     if b is None:
         return DEFAULT_SPLITS
-    return SPLITS_BY_HEADS.get(h, {}).get(b) or SPLITS_BY_BUCKET.get(b, DEFAULT_SPLITS)
+    qs, vs = SPLITS_BY_HEADS.get(h, {}).get(b) or SPLITS_BY_BUCKET.get(b, DEFAULT_SPLITS)
+    # K3FUSE_MLA_VS=N (a measurement knob): the combine's row splits; each re-reads the (m, head)'s NS partials
+    return qs, int(os.environ.get("K3FUSE_MLA_VS", "0") or 0) or vs
 
 
 LOADS_IN_FLIGHT = 9     # 16-byte cache loads per thread per round (9 = a 32-token tile of 576-wide rows in one)
