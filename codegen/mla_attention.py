@@ -64,7 +64,10 @@ DEFAULT_SPLITS = (1, 1)
 # context 1024, h = 6 / 12: M = 1 8x8 13.8 / 15.8 us (16x32 18.1 / 22.8, every other of 9 candidates >= 16.0 at
 # h = 6), so bucket 1 is 8x8 too. M = 2 / 8 / 16 (8x8, 32x8, 16x8): h = 6 8x8 22.9 / 27.7 / 29.9, 32x8 20.5 / 23.1 /
 # 36.1; h = 12 8x8 33.2 / 38.6 / 44.6 is the best of the three. Hence SPLITS_BY_HEADS below.
-SPLITS_BY_BUCKET = {1: (8, 8), 2: (8, 8), 4: (8, 8), 8: (8, 8), 16: (8, 8), 32: (4, 4), 64: (4, 4)}
+# Session 32 (H200, layer_ab.py --var K3FUSE_MLA_VS=4,1, MLA + MoE M = 64, 16 splits, 8 pairs, RESULTS.md "Session
+# 32"): VS 4 -> 1 TP16 -3.22 us [-6.07, -0.92], TP8 -3.75 [-11.89, -2.08], 7 / 8 each (each row split re-read the
+# partials), so bucket 64 is 4x1.
+SPLITS_BY_BUCKET = {1: (8, 8), 2: (8, 8), 4: (8, 8), 8: (8, 8), 16: (8, 8), 32: (4, 4), 64: (4, 1)}
 # Per heads per rank where a bucket's best differs (h = 6 is K3 at TP16); bucket 4 was not timed (both neighbours
 # take 32x8).
 # Session 15 (2026-12-02, with the split kernel's tile pipeline, pipe_for()): the three kernels alone, h = 6 M = 8,

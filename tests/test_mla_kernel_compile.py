@@ -154,7 +154,7 @@ def test_mla_splits_per_bucket():
     entry is valid for K3's n = v = 128; past the last bucket the default."""
     from k3fuse.codegen import mla_attention as ma
     assert [ma.splits_for(m) for m in (1, 2, 3, 8, 9, 33, 64)] == \
-        [(8, 8), (8, 8), (8, 8), (8, 8), (8, 8), (4, 4), (4, 4)]
+        [(8, 8), (8, 8), (8, 8), (8, 8), (8, 8), (4, 1), (4, 1)]
     assert ma.splits_for(65) == ma.DEFAULT_SPLITS
     # K3 TP16 (6 heads per rank) takes 32x8 at buckets 2-8 (timed there), TP8's 12 heads the generic table
     assert [ma.splits_for(m, 6) for m in (1, 2, 4, 8, 16)] == [(8, 8), (32, 8), (32, 8), (32, 8), (8, 8)]

@@ -116,7 +116,7 @@ def test_mla_cuda_impl_and_fallback(seed):
     assert torch.equal(ma.mla_attention_cuda(*small, SCALE), ops.mla_attention._init_fn(*small, SCALE))
 
 
-@pytest.mark.parametrize("splits", [(1, 1), (2, 2), (4, 8), (16, 32), (32, 8), (8, 32), (8, 16)])
+@pytest.mark.parametrize("splits", [(1, 1), (2, 2), (4, 1), (4, 8), (16, 32), (32, 8), (8, 32), (8, 16)])
 @pytest.mark.parametrize("M,T,seq_lens", [CASES[1], CASES[5], CASES[8]])
 @pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
 def test_mla_splits_match_reference(splits, M, T, seq_lens, one, seed):
