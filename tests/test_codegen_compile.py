@@ -563,7 +563,7 @@ def test_plan_follows_runtime_choices(monkeypatch):
     got = {(*j["config"]["splits"], j["config"]["pipe"]): j["config"]["buckets"] for j in three}
     # one kernel per distinct split + tile pipeline (TP16; at a 1024-token context M = 16 and 64 have more split CTAs
     # than SMs: no pipeline); bucket 1 takes the per-head kernel (HEADS_BY_HEADS), checked below
-    assert got == {(32, 8, True): [8], (8, 8, False): [16], (4, 4, False): [64]}
+    assert got == {(32, 8, True): [8], (8, 8, False): [16], (4, 1, False): [64]}
     assert not [j for j in jobs3 if j["family"] == "mla_attention" and j["config"].get("one_g")]
     # the one-launch variant where the launcher takes it (a measured rule in mla_attention.ONE_BY_HEADS, here h = 6 at
     # M = 1; or K3FUSE_MLA_ONE_KERNEL=1), of one_grid's 64 CTAs (qabsorb 6 heads x 8 splits, 32 KV splits)
