@@ -216,6 +216,20 @@ def combine_preload(C: int, one: bool) -> int:
     return max(0, min(n, MAX_CPRE_REGS // cpt))
 
 
+def combine_batch(v: int, splits, one: bool) -> int:
+    """K3FUSE_MLA_CBATCH=RB (opt-in, 0 = off; session 32, not yet measured on a GPU): where the combine does not
+    hoist its W_UV rows (v / VS > 32 rows per CTA: bucket 64's 4x1), it loads them RB rows per warp at a time, the
+    first batch before the merge and batch b + 1 before batch b's dot products, instead of one row per L2 round
+    trip (the SASS of 4x1: 32 dependent LDG -> SHFL x5 -> STG steps per warp). 0 where it does not apply (HOIST3
+    configs, or RB not dividing the warp's rows). Read when a kernel is rendered."""
+    rb = int(os.environ.get("K3FUSE_MLA_CBATCH", "0") or 0)
+    vs = int(splits[1])
+    rpw = v // vs // ((256 if one else 128) // 32)
+    if rb <= 0 or v // vs <= 32 or rpw % rb or rb >= rpw:
+        return 0
+    return rb
+
+
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                     gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False) -> dict:
@@ -231,7 +245,9 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype),
                 ONE=one_g is not None, G=int(one_g or 0), TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=ONE_SPIN_NS,
-                PREFETCH=one_g is not None and one_prefetch(), CPRE=combine_preload(C, one_g is not None))
+                PREFETCH=one_g is not None and one_prefetch(), CPRE=combine_preload(C, one_g is not None),
+                **({"RB3": combine_batch(v, splits, one_g is not None)}
+                   if combine_batch(v, splits, one_g is not None) else {}))      # absent when off: the same source
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
@@ -263,7 +279,8 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     eps = float(append_eps) if append_eps is not None else None
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
-            bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None))
+            bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
+            combine_batch(v, splits, one_g is not None))
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe)

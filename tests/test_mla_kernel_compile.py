@@ -855,3 +855,51 @@ def test_mla_heads_qfirst_kernel_compiles(arch, cl, monkeypatch, isolated_kernel
     plain = ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(6, **K3, scale=SCALE, cl=cl))
     monkeypatch.setenv("K3FUSE_MLA_QFIRST", "0")
     assert plain == ma.render(ma.HEADS_TEMPLATE, **ma.heads_params(6, **K3, scale=SCALE, cl=cl))
+
+
+def _combine_sass(k):
+    """The combine kernel's SASS of a compiled three-launch MLA kernel (None without nvdisasm)."""
+    import glob
+    import shutil
+    import subprocess
+    try:
+        import nvidia
+        found = [f for d in nvidia.__path__ for f in glob.glob(f"{d}/*/bin/nvdisasm")]
+    except ImportError:
+        found = []
+    nd = shutil.which("nvdisasm") or (found[0] if found else None)
+    if nd is None:
+        return None
+    sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+    i = sass.find(".text.kernel_cutlass_combine_kernel")
+    j = sass.find("//---------------------", i + 10)
+    return sass[i:j if j > 0 else None]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("rb", [4, 8])
+def test_mla_combine_batches_its_w_uv_rows(arch, rb, monkeypatch):
+    """K3FUSE_MLA_CBATCH=RB (opt-in): bucket 64's 4x1 combine (32 W_UV rows per warp, not hoisted) renders the
+    batched row loop and compiles; off, the source is the default's; only where the rows are not hoisted. On sm_90a
+    (with nvdisasm): more 16-byte loads issued before the first output store than the unbatched kernel's (whose 32
+    rows are one L2 round trip each: a load, 5 shuffles, a store), and no spills."""
+    args = dict(h=6, **K3, scale=SCALE, arch=arch, load=False, append_eps=1e-6, gate=True, out_dtype="bfloat16")
+    monkeypatch.setenv("K3FUSE_MLA_CBATCH", "0")
+    off = ma.build(splits=(4, 1), **args)
+    assert "RB3" not in off.source
+    monkeypatch.setenv("K3FUSE_MLA_CBATCH", str(rb))
+    on = ma.build(splits=(4, 1), **args)
+    assert f"RB3 = {rb} " in on.source and on.source != off.source
+    assert "RB3" not in ma.render_source(6, **K3, scale=SCALE, splits=(4, 4), append_eps=1e-6, gate=True)
+    assert ma.combine_batch(128, (4, 1), False) == rb and ma.combine_batch(128, (8, 8), False) == 0
+    if arch != "sm_90a":
+        return
+    s_off, s_on = _combine_sass(off), _combine_sass(on)
+    if s_off is None:
+        pytest.skip("nvdisasm not installed (pip install nvidia-cuda-nvdisasm): the SASS is not checked")
+
+    def loads_before_first_store(s):
+        return s[:s.find("STG.E.U16")].count("LDG.E.128")
+
+    assert loads_before_first_store(s_on) >= loads_before_first_store(s_off) + 2 * rb
+    assert not re.search(r"\b(STL|LDL)\b", s_on)

@@ -360,3 +360,13 @@ def test_mla_combine_preload_bit_identical(n_split, one, seed, monkeypatch):
     torch.cuda.synchronize()
     assert torch.equal(outs["0"], outs["32"])
     assert rel(outs["32"], reference(*args, SCALE)) < 1e-2
+
+
+@pytest.mark.parametrize("cbatch", ["0", "4", "8"])
+@pytest.mark.parametrize("h,gated", [(6, True), (12, True), (6, False)])
+def test_mla_combine_batched_rows_at_bucket_64(h, gated, cbatch, monkeypatch, seed):
+    """Bucket 64's 4x1 splits (M = 40 here) with the combine's W_UV rows unbatched / in batches of 4 or 8
+    (K3FUSE_MLA_CBATCH, read at render): the append + gate checks of check_append."""
+    monkeypatch.setenv("K3FUSE_MLA_CBATCH", cbatch)
+    sl = [(37 * i + 5) % 700 for i in range(40)]
+    check_append(40, 701, sl, h, gated, heads=False, splits=(4, 1))
