@@ -60,6 +60,15 @@ def summarize(buf: torch.Tensor, phases=PHASES, t_ref=None) -> dict:
     return dict(ctas=int(b.shape[0]), phases=rows)
 
 
+def print_launch(name: str, launch: dict, axis: str = "the first CTA's start", width: int = 15) -> None:
+    """One summarized launch's phase table (also mla_timeline's)."""
+    print(f"  {name} ({launch['ctas']} CTAs): us after {axis} (first / median / last CTA), median SM clocks since "
+          f"the previous phase")
+    for p in launch["phases"]:
+        print(f"    {p['phase']:>2} {p['name']:<{width}} {p['first_us']:>7.2f} {p['median_us']:>7.2f} "
+              f"{p['last_us']:>7.2f} {p['clocks']:>8}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
@@ -106,10 +115,10 @@ def main():
                         torch.cuda.synchronize()
                         # the last layer copy's two launches; with kda_decode's stamps, all three on one time axis
                         # from kda_decode's first CTA start
-                        ref = first_start(kbufs[-1]) if kbufs else None
+                        t0 = first_start(kbufs[-1]) if kbufs else None     # (not `ref`: the eager output)
                         run = dict(kind=kind, tp=tp, M=M, stamps=stamps == "1", rel_err=err,
                                    layer_us=round(statistics.median(ts), 2),
-                                   launches=[summarize(b, t_ref=ref) for b in bufs[-2:]],
+                                   launches=[summarize(b, t_ref=t0) for b in bufs[-2:]],
                                    kda=summarize(kbufs[-1], KDA_PHASES) if kbufs else None)
                         res["runs"].append(run)
                         print(json.dumps(dict(kind=kind, tp=tp, M=M, stamps=run["stamps"], rel_err=err,
@@ -126,11 +135,7 @@ def main():
         named = ([("kda_decode", run["kda"])] if run.get("kda") else []) + \
             [(f"fused_residual_norm {i + 1}", l) for i, l in enumerate(run["launches"])]
         for name, l in named:
-            print(f"  {name} ({l['ctas']} CTAs): us after {axis} (first / median / last CTA), median SM clocks since "
-                  f"the previous phase")
-            for p in l["phases"]:
-                print(f"    {p['phase']:>2} {p['name']:<15} {p['first_us']:>7.2f} {p['median_us']:>7.2f} "
-                      f"{p['last_us']:>7.2f} {p['clocks']:>8}")
+            print_launch(name, l, axis)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     torch._dynamo.config.cache_size_limit = 64
     from k3fuse.codegen import mla_attention as ma
+    from frn_timeline import print_launch
     from layer_ab import build_arm, capture, restore_env
     from gpu_kernels import replay_us
     from layer_bench import clone_inputs, make_inputs, make_layer, per_rank_config, rel
@@ -108,11 +109,7 @@ def main():
     for run in res["runs"]:
         print(f"\nTP{run['tp']} M={run['M']} {run['arm']}: layer {run['layer_us']} us (median of {args.replays})")
         for i, l in enumerate(run["launches"]):
-            print(f"  launch {i} ({l['ctas']} CTAs): us after the first CTA's start (first / median / last CTA), "
-                  f"median SM clocks since the previous phase")
-            for p in l["phases"]:
-                print(f"    {p['phase']:>2} {p['name']:<14} {p['first_us']:>7.2f} {p['median_us']:>7.2f} "
-                      f"{p['last_us']:>7.2f} {p['clocks']:>8}")
+            print_launch(f"launch {i}", l, width=14)
 
 
 if __name__ == "__main__":
