@@ -234,6 +234,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                     gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False) -> dict:
     hp = padded_heads(h)
+    rb3 = combine_batch(v, splits, one_g is not None)
     nch = (C + r) // 8
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
     nld = -(-tt * nch // THREADS)
@@ -246,8 +247,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype),
                 ONE=one_g is not None, G=int(one_g or 0), TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=ONE_SPIN_NS,
                 PREFETCH=one_g is not None and one_prefetch(), CPRE=combine_preload(C, one_g is not None),
-                **({"RB3": combine_batch(v, splits, one_g is not None)}
-                   if combine_batch(v, splits, one_g is not None) else {}))      # absent when off: the same source
+                **({"RB3": rb3} if rb3 else {}))      # absent when off: the same source
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",

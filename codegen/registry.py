@@ -210,7 +210,7 @@ def linear_group_cuda(x, weights):
             reason = f"{[w.shape[0] for w in weights]}x{K}: {why}"
     if reason is not None:
         log_fallback(op, reason)
-        fns = _concurrent_fns(x, weights) if cfg is None and grouped_gemv_enabled() else None
+        fns = _concurrent_fns(x, weights) if grouped_gemv_enabled() else None
         if fns is not None:
             return _group_concurrently(x, fns, [w.numel() for w in weights])
         return [linear_cuda(x, w) for w in weights]
