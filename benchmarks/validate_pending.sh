@@ -35,7 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s111           # (not run) K3FUSE_MLA_CBATCH: tests, memcheck, A/Bs at M = 64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s111           # K3FUSE_MLA_CBATCH: tests, memcheck, A/Bs at M = 64 (+ streams tests)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s110           # the MLA combine's preload 32 vs 16 at M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s109           # MLA GPU tests with the 4x1 splits
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s108           # the MLA combine's row splits at M = 64 (4 vs 1)
@@ -720,6 +720,7 @@ elif [ "$part" = s111 ]; then     # session 32 (not run: no device time left): t
     # tests with it on (the (4, 1) split cases), memcheck, then the paired A/Bs at M = 64 (RB 8 and 4; 8 takes 252
     # registers, 2 CTAs per SM)
     pytests cbatch 150 tests/test_mla_kernel_gpu.py -k "combine_batched_rows"
+    pytests streams 120 tests/test_streams_gpu.py
     memcheck memcheck_cbatch 150 tests/test_mla_kernel_gpu.py -k "combine_batched_rows and 6-True"
     ab_run cbatch8_m64 150 --var K3FUSE_MLA_CBATCH=0,8 --kinds mla --tp 16,8 --ms 64 --pairs 8
     ab_run cbatch4_m64 150 --var K3FUSE_MLA_CBATCH=0,4 --kinds mla --tp 16,8 --ms 64 --pairs 8
