@@ -216,13 +216,16 @@ def combine_preload(C: int, one: bool) -> int:
     return max(0, min(n, MAX_CPRE_REGS // cpt))
 
 
+CBATCH_DEFAULT = "8"       # session 33 paired A/B at M = 64: RB 8 -4.4 us TP16 (6/8), -10.1 TP8 (8/8); RB 4 -1.5 / -7.0
+
+
 def combine_batch(v: int, splits, one: bool) -> int:
-    """K3FUSE_MLA_CBATCH=RB (opt-in, 0 = off; session 32, not yet measured on a GPU): where the combine does not
+    """K3FUSE_MLA_CBATCH=RB (default CBATCH_DEFAULT, 0 = off): where the combine does not
     hoist its W_UV rows (v / VS > 32 rows per CTA: bucket 64's 4x1), it loads them RB rows per warp at a time, the
     first batch before the merge and batch b + 1 before batch b's dot products, instead of one row per L2 round
     trip (the SASS of 4x1: 32 dependent LDG -> SHFL x5 -> STG steps per warp). 0 where it does not apply (HOIST3
     configs, or RB not dividing the warp's rows). Read when a kernel is rendered."""
-    rb = int(os.environ.get("K3FUSE_MLA_CBATCH", "0") or 0)
+    rb = int(os.environ.get("K3FUSE_MLA_CBATCH", CBATCH_DEFAULT) or 0)
     vs = int(splits[1])
     rpw = v // vs // ((256 if one else 128) // 32)
     if rb <= 0 or v // vs <= 32 or rpw % rb or rb >= rpw:

@@ -879,7 +879,7 @@ def _combine_sass(k):
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("rb", [4, 8])
 def test_mla_combine_batches_its_w_uv_rows(arch, rb, monkeypatch):
-    """K3FUSE_MLA_CBATCH=RB (opt-in): bucket 64's 4x1 combine (32 W_UV rows per warp, not hoisted) renders the
+    """K3FUSE_MLA_CBATCH=RB (default 8): bucket 64's 4x1 combine (32 W_UV rows per warp, not hoisted) renders the
     batched row loop and compiles; off, the source is the default's; only where the rows are not hoisted. On sm_90a
     (with nvdisasm): more 16-byte loads issued before the first output store than the unbatched kernel's (whose 32
     rows are one L2 round trip each: a load, 5 shuffles, a store), and no spills."""
