@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s112           # ncu: the routed experts' MMA kernels at M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s111           # K3FUSE_MLA_CBATCH: tests, memcheck, A/Bs at M = 64 (+ streams tests)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s110           # the MLA combine's preload 32 vs 16 at M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s109           # MLA GPU tests with the 4x1 splits
@@ -715,6 +716,20 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s112 ]; then     # session 33: what limits the routed experts' tensor-core kernels at M = 64 (down_mma
+    # 148 us at ~67% of copy, up_mma 214 at ~93%, KDA TP16 in the layer without the PDL chain, s107): ncu stall
+    # reasons, DRAM bytes, occupancy, per kernel, TP16 and TP8
+    NCUM="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__bytes_read.sum,gpu__time_duration.sum"
+    NCUM="$NCUM,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers,launch__grid_size"
+    NCUM="$NCUM,launch__registers_per_thread,sm__cycles_active.avg,sm__cycles_elapsed.max,dram__throughput.avg.pct_of_peak_sustained_elapsed"
+    NCUM="$NCUM,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,sm__ctas_launched.sum"
+    for tp in 16 8; do
+        K3FUSE_PDL_CHAIN=0 timeout 200 ncu --kernel-name regex:"up_mma_kernel|down_mma_kernel|combine_kernel" \
+            --launch-skip 3 --launch-count 3 --metrics "$NCUM" python3 benchmarks/layer_bench.py --out "$L" --kinds kda \
+            --tp $tp --ms 64 --skip eager,inductor --tag _ncu$tp > "$L/ncu_moe_tp$tp.txt" 2>&1
+        echo "ncu moe tp$tp rc=$?" | tee -a "$S"; grep -E "^  [a-z_]+kernel|^    [a-z]|ERR" "$L/ncu_moe_tp$tp.txt" | tee -a "$S"
+    done
+    tar czf "$OUT/logs_s112.tgz" -C "$L" .
 elif [ "$part" = s111 ]; then     # session 32 (not run: no device time left): the MLA combine's W_UV rows in batches
     # (K3FUSE_MLA_CBATCH, bucket 64's 4x1 combine: 32 rows per warp, one L2 round trip each by its SASS): the MLA GPU
     # tests with it on (the (4, 1) split cases), memcheck, then the paired A/Bs at M = 64 (RB 8 and 4; 8 takes 252
