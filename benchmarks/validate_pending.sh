@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s113           # K3FUSE_MOE_DOWN_WE: tests, memcheck, A/Bs M = 64, 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s112           # ncu: the routed experts' MMA kernels at M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s111           # K3FUSE_MLA_CBATCH: tests, memcheck, A/Bs at M = 64 (+ streams tests)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s110           # the MLA combine's preload 32 vs 16 at M = 64
@@ -716,6 +717,15 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s113 ]; then     # session 33: the tensor-core down's ballot scan + per-warp y epilogue
+    # (K3FUSE_MOE_DOWN_WE; ncu s112: barrier stalls 11.3 beside long-scoreboard 14.2, DRAM 46%): its GPU tests (bitwise
+    # the barrier epilogue), memcheck, paired A/Bs at M = 64 and 32, then the grid cap with it on at TP16
+    pytests down_we 200 tests/test_moe_kernel_gpu.py -k "warp_epilogue or down_mma_matches"
+    memcheck memcheck_down_we 150 tests/test_moe_kernel_gpu.py -k "warp_epilogue and tp16 and 64"
+    ab_run down_we_m64 150 --var K3FUSE_MOE_DOWN_WE=0,1 --kinds kda --tp 16,8 --ms 64 --pairs 8
+    ab_run down_we_m32 150 --var K3FUSE_MOE_DOWN_WE=0,1 --kinds kda --tp 16,8 --ms 32 --pairs 8
+    K3FUSE_MOE_DOWN_WE=1 ab_run we_ctas_tp16 150 --var K3FUSE_MOE_DOWN_CTAS=3072,4096 --kinds kda --tp 16 --ms 64 --pairs 8
+    tar czf "$OUT/logs_s113.tgz" -C "$L" .
 elif [ "$part" = s112 ]; then     # session 33: what limits the routed experts' tensor-core kernels at M = 64 (down_mma
     # 148 us at ~67% of copy, up_mma 214 at ~93%, KDA TP16 in the layer without the PDL chain, s107): ncu stall
     # reasons, DRAM bytes, occupancy, per kernel, TP16 and TP8

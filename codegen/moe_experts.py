@@ -213,7 +213,20 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
         return None
     cap = _env_int("K3FUSE_MOE_DOWN_CTAS", ctas or UP_CTAS)               # grid cap
     rpc = next(d for d in range(1, nd + 1) if nd % d == 0 and (bucket * KT * (nd // d) <= cap or d == nd))
-    return dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
+    p = dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
+    if down_we():
+        p["DWE"] = True          # passed only when on: the other sources stay as they were
+    return p
+
+
+def down_we() -> bool:
+    """K3FUSE_MOE_DOWN_WE=1 (opt-in, session 33, not yet measured in the layer): the tensor-core down kernel's member
+    scan compacts the tokens by warp ballots (not thread 0's serial loop over M, which every one of the grid's CTAs
+    pays, owners or not, the other 255 threads waiting at a barrier), and each warp writes its own 16-row y tile
+    through its own shared-memory slice with warp syncs only: no CTA barrier between row blocks, so a warp's next
+    tile loads are not held behind the slowest warp's epilogue. Why: ncu of the TP16 M = 64 layer (s112): barrier
+    stalls 11.3 per issued instruction beside 14.2 long-scoreboard, DRAM at 46% of peak. Read at render time."""
+    return os.environ.get("K3FUSE_MOE_DOWN_WE", "0") == "1"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -317,7 +330,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
             os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
             os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""),
-            os.environ.get("K3FUSE_MOE_DOWN_AX", ""))
+            os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we())
     k = _built.get(memo)
     if k is not None:
         return k

@@ -159,6 +159,40 @@ def test_down_mma_compiles(arch, tp, b, monkeypatch):
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
+def _ptx_entry(ptx, name):
+    """The PTX body of the entry whose name contains name (up to the next entry)."""
+    (body,) = [c for c in ptx.split(".entry")[1:] if name in c.split("(", 1)[0]]
+    return body
+
+
+@pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_90a", 8, 64), ("sm_100a", 16, 32), ("sm_90a", 8, 8)])
+def test_down_mma_warp_epilogue_compiles(arch, tp, b, monkeypatch):
+    """K3FUSE_MOE_DOWN_WE=1 (opt-in): the tensor-core down kernel's member scan by warp ballots and its y tiles stored
+    per warp. Off, the sources are the default's (byte for byte); on, the down kernel has exactly the scan's two CTA
+    barriers (the default: the scan's two + two per row block pass), a ballot, warp syncs, the same MMAs, 128-bit y
+    stores and no local memory."""
+    I = I_TP[tp]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_WE", raising=False)
+    default = me.render_source(E, I, D, KT, b)[0]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", "0")
+    off = me.build(E, I, D, KT, b, arch=arch, load=False)
+    assert open(off.files["kernel.py"]).read() == default and "DWE" not in default
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", "1")
+    assert me.down_mma(I, D, KT, b, True)["DWE"] and "DWE" not in (me.up_mma(I, D, KT, b, True) or {})
+    on = me.build(E, I, D, KT, b, arch=arch, load=False)
+    assert on.key != off.key
+    p = me.down_mma(I, D, KT, b, True)
+    d_off = _ptx_entry(open(off.files["kernel.ptx"]).read(), "down_mma_kernel")
+    d_on = _ptx_entry(open(on.files["kernel.ptx"]).read(), "down_mma_kernel")
+    bars = r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0"
+    assert len(re.findall(bars, d_on)) == 2 and len(re.findall(bars, d_off)) == 4
+    assert "vote.sync.ballot" in d_on and "vote.sync.ballot" not in d_off
+    assert re.search(r"\bbar\.warp\.sync", d_on)
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", d_on)) == p["UD"] * p["DNTG"] * 2
+    assert "st.global.v4.b32" in d_on and "ld.local" not in d_on and "st.local" not in d_on
+
+
 def test_down_mma_follows_the_table(monkeypatch):
     """The H200 table's DOWNMMA (measured per shape and bucket) picks the down kernel where the variable is unset: on
     at TP16 buckets 32 and 64 and TP8 buckets 8-64, off at TP16 buckets 8 and 16 (measured slower there; bucket 16 is an

@@ -181,6 +181,37 @@ def test_moe_down_mma_matches_reference(experts, M, monkeypatch):
     assert torch.equal(gout, outs[1])
 
 
+@pytest.mark.parametrize("M", [2, 16, 33, 64])
+def test_moe_down_mma_warp_epilogue_bit_identical(experts, M, monkeypatch):
+    """K3FUSE_MOE_DOWN_WE=1 (the tensor-core down's ballot scan and per-warp y epilogue) computes the same MMAs in
+    the same order: the NaN-poisoned output equals the barrier epilogue's bit for bit, matches the reference, and a
+    CUDA-graph replay reproduces it (slot 2 one expert for every token: several passes of 16 members at M = 64)."""
+    from k3fuse.codegen import moe_experts as me
+    I, w13, w2 = experts
+    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
+    ids, w = routing(M, 7000 + 10 * M + I)
+    ids[:, 2] = ids[0, 5]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    outs = []
+    for we in ("0", "1"):
+        monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", we)
+        assert ("DWE:" in me.render_source(E, I, D, KT, bucket_for(M))[0]) == (we == "1")
+        out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+        me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out.float()).all(), f"DOWN_WE={we}: unwritten output"
+        outs.append(out)
+    assert torch.equal(outs[1], outs[0])
+    assert rel(outs[1], reference(z, ids, w, w13, w2)) < 1e-2
+    g = torch.cuda.CUDAGraph()                                  # DOWN_WE=1 still set
+    with torch.cuda.graph(g):
+        gout = me.moe_experts_cuda(z, ids, w, w13, w2, BETA, LBETA)
+    gout.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gout, outs[1])
+
+
 @pytest.mark.parametrize("M", [1, 2, 3])
 @pytest.mark.parametrize("ks,wd", [(4, 2), (4, 4), (2, 2)])
 def test_moe_down_ax_bit_identical(experts, M, ks, wd, monkeypatch):
