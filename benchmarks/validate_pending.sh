@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s114           # the down's grid cap with WE on
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s113           # K3FUSE_MOE_DOWN_WE: tests, memcheck, A/Bs M = 64, 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s112           # ncu: the routed experts' MMA kernels at M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s111           # K3FUSE_MLA_CBATCH: tests, memcheck, A/Bs at M = 64 (+ streams tests)
@@ -717,6 +718,14 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s114 ]; then     # session 33: the tensor-core down's grid cap with its ballot scan (K3FUSE_MOE_DOWN_WE,
+    # default since s113, where TP16 M = 64's cap 3072 -> 4096 measured -21.4 us): further up at M = 64 and 32
+    ab_run ctas_tp16_m64_a 150 --var K3FUSE_MOE_DOWN_CTAS=4096,8192 --kinds kda --tp 16 --ms 64 --pairs 8
+    ab_run ctas_tp16_m64_b 150 --var K3FUSE_MOE_DOWN_CTAS=8192,16384 --kinds kda --tp 16 --ms 64 --pairs 8
+    ab_run ctas_tp8_m64 150 --var K3FUSE_MOE_DOWN_CTAS=8192,16384 --kinds kda --tp 8 --ms 64 --pairs 8
+    ab_run ctas_tp8_m64_b 150 --var K3FUSE_MOE_DOWN_CTAS=16384,28672 --kinds kda --tp 8 --ms 64 --pairs 8
+    ab_run ctas_m32 150 --var K3FUSE_MOE_DOWN_CTAS=3072,8192 --kinds kda --tp 16,8 --ms 32 --pairs 8
+    tar czf "$OUT/logs_s114.tgz" -C "$L" .
 elif [ "$part" = s113 ]; then     # session 33: the tensor-core down's ballot scan + per-warp y epilogue
     # (K3FUSE_MOE_DOWN_WE; ncu s112: barrier stalls 11.3 beside long-scoreboard 14.2, DRAM 46%): its GPU tests (bitwise
     # the barrier epilogue), memcheck, paired A/Bs at M = 64 and 32, then the grid cap with it on at TP16

@@ -220,13 +220,16 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
 
 
 def down_we() -> bool:
-    """K3FUSE_MOE_DOWN_WE=1 (opt-in, session 33, not yet measured in the layer): the tensor-core down kernel's member
+    """K3FUSE_MOE_DOWN_WE=1 (the default; 0 = session 18's barrier epilogue and serial scan): the tensor-core down kernel's member
     scan compacts the tokens by warp ballots (not thread 0's serial loop over M, which every one of the grid's CTAs
     pays, owners or not, the other 255 threads waiting at a barrier), and each warp writes its own 16-row y tile
     through its own shared-memory slice with warp syncs only: no CTA barrier between row blocks, so a warp's next
     tile loads are not held behind the slowest warp's epilogue. Why: ncu of the TP16 M = 64 layer (s112): barrier
-    stalls 11.3 per issued instruction beside 14.2 long-scoreboard, DRAM at 46% of peak. Read at render time."""
-    return os.environ.get("K3FUSE_MOE_DOWN_WE", "0") == "1"
+    stalls 11.3 per issued instruction beside 14.2 long-scoreboard, DRAM at 46% of peak.
+    Measured on the H200 (2026-12-04, session 33, KDA + MoE layer, layer_ab, 8 pairs, us per layer): TP8 M = 64
+    -34.5 (8 / 8; its grid of 7168 CTAs, DCTAS 8192, paid the serial scan most), TP16 M = 64 -1.6 (6 / 8), M = 32
+    -0.1 / -0.9; with it on, TP16 M = 64's grid cap 3072 -> 4096 -21.4 (8 / 8). Read at render time."""
+    return os.environ.get("K3FUSE_MOE_DOWN_WE", "1") == "1"
 
 
 def _env_int(name: str, default: int) -> int:

@@ -183,7 +183,7 @@ def test_moe_down_mma_matches_reference(experts, M, monkeypatch):
 
 @pytest.mark.parametrize("M", [2, 16, 33, 64])
 def test_moe_down_mma_warp_epilogue_bit_identical(experts, M, monkeypatch):
-    """K3FUSE_MOE_DOWN_WE=1 (the tensor-core down's ballot scan and per-warp y epilogue) computes the same MMAs in
+    """K3FUSE_MOE_DOWN_WE=1 (the default: the tensor-core down's ballot scan and per-warp y epilogue) computes the same MMAs in
     the same order: the NaN-poisoned output equals the barrier epilogue's bit for bit, matches the reference, and a
     CUDA-graph replay reproduces it (slot 2 one expert for every token: several passes of 16 members at M = 64)."""
     from k3fuse.codegen import moe_experts as me
