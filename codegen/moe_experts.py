@@ -180,6 +180,10 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
 
 
 DOWN_MMA_MIN_BUCKET = 32   # heuristic where the GPU's table says nothing: the tensor-core down kernel from this bucket
+# the tensor-core down's grid cap where the table has no DCTAS, with its ballot scan (down_we): session 33, layer_ab,
+# 8 pairs: TP16 M = 64 3072 -> 4096 -> 8192 -21.4, -7.9 us (16384: +13.0), M = 32 3072 -> 8192 TP16 -11.7, TP8 -13.1
+# (the table: 16384 at TP8 M = 64, 8192 at TP8 M = 8; TP8 M = 16 unmeasured). Without the ballot scan, UP_CTAS.
+DOWN_CTAS = 8192
 
 
 def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[int] = None,
@@ -192,7 +196,7 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     CTA per (chosen expert, RPC row blocks of 128) runs W2_e's 16-row tiles as MMA A operands over 16 member tokens
     at a time, so W2_e crosses L2 once per 16 members; y [M, k, D] bf16 goes to a scratch and the combine sums it in
     slot order. RPC is the fewest row blocks per CTA that keep the grid <= `ctas` (the table's "DCTAS" where
-    measured, else UP_CTAS; K3FUSE_MOE_DOWN_CTAS overrides).
+    measured, else DOWN_CTAS, UP_CTAS with K3FUSE_MOE_DOWN_WE=0; K3FUSE_MOE_DOWN_CTAS overrides).
     Measured on the H200 (2026-12-02, session 18, KDA + MoE layer, layer_ab, per-slot -> MMA down, us per layer):
     TP16 (I = 192) M = 64 559.6 -> 541.2 (8 / 8 pairs), M = 16 268.8 -> 271.1 (0 / 8), M = 8 199.5 -> 200.8
     (2 / 8): the table keeps it off at 8 and 16; TP8 (I = 384) M = 64 971.5 -> 890.2, M = 8 322.0 -> 309.3 (6 / 6
@@ -211,7 +215,7 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
         if ud != 3:
             raise ValueError(f"K3FUSE_MOE_DOWN_UD={ud}: I / 8 = {nvi} is not a multiple of 4 * UD")
         return None
-    cap = _env_int("K3FUSE_MOE_DOWN_CTAS", ctas or UP_CTAS)               # grid cap
+    cap = _env_int("K3FUSE_MOE_DOWN_CTAS", ctas or (DOWN_CTAS if down_we() else UP_CTAS))   # grid cap
     rpc = next(d for d in range(1, nd + 1) if nd % d == 0 and (bucket * KT * (nd // d) <= cap or d == nd))
     p = dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
     if down_we():

@@ -148,7 +148,7 @@ def test_down_mma_compiles(arch, tp, b, monkeypatch):
                       me.DOWN_MMA_MIN_BUCKET, I, b)
     p = me.down_mma(I, D, KT, b, True)
     nd = D // 128
-    assert nd % p["RPC"] == 0 and (b * KT * nd // p["RPC"] <= me.UP_CTAS or p["RPC"] == nd)
+    assert nd % p["RPC"] == 0 and (b * KT * nd // p["RPC"] <= me.DOWN_CTAS or p["RPC"] == nd)
     assert p["DNTG"] == (2 if b >= 16 else 1) and (I // 8) % (4 * p["UD"]) == 0
     k = me.build(E, I, D, KT, b, arch=arch, load=False)
     ptx = open(k.files["kernel.ptx"]).read()
@@ -208,10 +208,14 @@ def test_down_mma_follows_the_table(monkeypatch):
     assert {k: v for k, v in me.config_for(E, 192, D, KT, 16, gpu="nvidia_h200").items() if k != "DOWNMMA"} == \
         dict(me.default_config(E, 192, D, KT, 16), KS=2, WD=2, SB=2)   # the variant key beside the layer's knobs
     assert mma_src(384, 4) == (4 >= me.DOWN_MMA_MIN_BUCKET)          # no entry: the heuristic
-    # the grid cap: the table's DCTAS = 8192 at TP8 (RPC 4 of 28 row blocks at bucket 64, 1 at 8), else UP_CTAS
+    # the grid cap: the table's DCTAS = 16384 at TP8 bucket 64 (RPC 2 of 28 row blocks), 8192 at 8 (RPC 1), else
+    # DOWN_CTAS (RPC 4 at TP16 bucket 64, 2 at 32); with K3FUSE_MOE_DOWN_WE=0 UP_CTAS (RPC 14 at TP16 bucket 64)
     def rpc(I, b):
         return me.template_params(E, I, D, KT, b, me.config_for(E, I, D, KT, b, gpu="nvidia_h200"), 4.0, 25.0)["RPC"]
-    assert (rpc(384, 64), rpc(384, 8), rpc(192, 64)) == (4, 1, 14)
+    assert (rpc(384, 64), rpc(384, 8), rpc(192, 64), rpc(192, 32), rpc(384, 32)) == (2, 1, 4, 2, 2)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", "0")
+    assert (rpc(384, 64), rpc(192, 64)) == (2, 14)
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_WE")
     # the launch passes the y scratch exactly where the kernel takes it (decided at build, from the same config)
     for I, b in ((384, 8), (192, 8)):
         k = me.build(E, I, D, KT, b, cfg=me.config_for(E, I, D, KT, b, gpu="nvidia_h200"), arch="sm_90a", load=False)
