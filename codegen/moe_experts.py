@@ -176,7 +176,18 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
     UW = next((w for w in (8, 4, 2, 1) if nv % (4 * UU * w) == 0), None)
     if UW is None:
         return None
-    return dict(UPMMA=True, UW=UW, UU=UU, NTG=2 if bucket >= 16 else 1, CPC=cpc_for(I, 16, KT, bucket))
+    p = dict(UPMMA=True, UW=UW, UU=UU, NTG=2 if bucket >= 16 else 1, CPC=cpc_for(I, 16, KT, bucket))
+    if up_ballot() and 32 * UW >= bucket:
+        p["UBAL"] = True         # passed only when on: the other sources stay as they were
+    return p
+
+
+def up_ballot() -> bool:
+    """K3FUSE_MOE_UP_BALLOT=1 (opt-in, session 33, not yet measured): the tensor-core up kernel's member scan compacts
+    the tokens by warp ballots, as the down's (down_we), instead of thread 0's serial loop over M that every CTA of
+    its grid pays (ncu, TP16 M = 64 in the layer, s112: barrier stalls 8.0 per issued instruction beside
+    long-scoreboard 14.5). Only where the CTA's threads cover the bucket. Read at render time."""
+    return os.environ.get("K3FUSE_MOE_UP_BALLOT", "0") == "1"
 
 
 DOWN_MMA_MIN_BUCKET = 32   # heuristic where the GPU's table says nothing: the tensor-core down kernel from this bucket
@@ -337,7 +348,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
             os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
             os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""),
-            os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we())
+            os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we(), up_ballot())
     k = _built.get(memo)
     if k is not None:
         return k

@@ -194,6 +194,29 @@ def test_down_mma_warp_epilogue_compiles(arch, tp, b, monkeypatch):
     assert "st.global.v4.b32" in d_on and "ld.local" not in d_on and "st.local" not in d_on
 
 
+@pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_100a", 8, 32)])
+def test_up_mma_ballot_scan_compiles(arch, tp, b, monkeypatch):
+    """K3FUSE_MOE_UP_BALLOT=1 (opt-in): the tensor-core up kernel's member scan by warp ballots. Off (unset), the
+    source is the default's byte for byte; on, the up kernel votes, has its MMAs and no local memory."""
+    I = I_TP[tp]
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    monkeypatch.delenv("K3FUSE_MOE_UP_BALLOT", raising=False)
+    default = me.render_source(E, I, D, KT, b)[0]
+    assert "UBAL" not in (me.up_mma(I, D, KT, b, True))
+    monkeypatch.setenv("K3FUSE_MOE_UP_BALLOT", "0")
+    assert me.render_source(E, I, D, KT, b)[0] == default
+    monkeypatch.setenv("K3FUSE_MOE_UP_BALLOT", "1")
+    p = me.up_mma(I, D, KT, b, True)
+    assert p["UBAL"]
+    k = me.build(E, I, D, KT, b, arch=arch, load=False)
+    assert open(k.files["kernel.py"]).read() != default
+    up = _ptx_entry(open(k.files["kernel.ptx"]).read(), "up_mma_kernel")
+    assert "vote.sync.ballot" in up and "vote.sync.ballot" not in _ptx_entry(
+        open(me.build(E, I, D, KT, 1, arch=arch, load=False).files["kernel.ptx"]).read(), "up_kernel")
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", up)) == p["UU"] * 2 * p["NTG"] * 2
+    assert "ld.local" not in up and "st.local" not in up
+
+
 def test_down_mma_follows_the_table(monkeypatch):
     """The H200 table's DOWNMMA (measured per shape and bucket) picks the down kernel where the variable is unset: on
     at TP16 buckets 32 and 64 and TP8 buckets 8-64, off at TP16 buckets 8 and 16 (measured slower there; bucket 16 is an

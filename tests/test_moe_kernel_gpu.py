@@ -212,6 +212,29 @@ def test_moe_down_mma_warp_epilogue_bit_identical(experts, M, monkeypatch):
     assert torch.equal(gout, outs[1])
 
 
+@pytest.mark.parametrize("M", [3, 16, 64])
+def test_moe_up_mma_ballot_bit_identical(experts, M, monkeypatch):
+    """K3FUSE_MOE_UP_BALLOT=1 (the tensor-core up's member scan by warp ballots) finds the same members in the same
+    order: the NaN-poisoned output equals the serial scan's bit for bit and matches the reference."""
+    from k3fuse.codegen import moe_experts as me
+    I, w13, w2 = experts
+    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
+    ids, w = routing(M, 9000 + 10 * M + I)
+    ids[:, 2] = ids[0, 5]
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    outs = []
+    for on in ("0", "1"):
+        monkeypatch.setenv("K3FUSE_MOE_UP_BALLOT", on)
+        assert ("UBAL" in str(me.up_mma(I, D, KT, bucket_for(M), True))) == (on == "1")
+        out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+        me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out.float()).all(), f"UP_BALLOT={on}: unwritten output"
+        outs.append(out)
+    assert torch.equal(outs[1], outs[0])
+    assert rel(outs[1], reference(z, ids, w, w13, w2)) < 1e-2
+
+
 @pytest.mark.parametrize("M", [1, 2, 3])
 @pytest.mark.parametrize("ks,wd", [(4, 2), (4, 4), (2, 2)])
 def test_moe_down_ax_bit_identical(experts, M, ks, wd, monkeypatch):
