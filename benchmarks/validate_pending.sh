@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s116           # the up kernels' grid cap with the ballot scan
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s115           # MoE GPU tests; K3FUSE_MOE_UP_BALLOT A/Bs; TP8 M = 16 cap
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s114           # the down's grid cap with WE on
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s113           # K3FUSE_MOE_DOWN_WE: tests, memcheck, A/Bs M = 64, 32
@@ -719,6 +720,12 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s116 ]; then     # session 33: the up kernels' grid cap (UP_CTAS 3072, set when every CTA paid the
+    # serial member scan) now that the scan is by ballots (K3FUSE_MOE_UP_BALLOT, default since s115)
+    ab_run up_ctas_m64 150 --var K3FUSE_MOE_UP_CTAS=3072,8192 --kinds kda --tp 16,8 --ms 64 --pairs 8
+    ab_run up_ctas_m64_b 150 --var K3FUSE_MOE_UP_CTAS=8192,16384 --kinds kda --tp 16,8 --ms 64 --pairs 8
+    ab_run up_ctas_m32 150 --var K3FUSE_MOE_UP_CTAS=3072,8192 --kinds kda --tp 16,8 --ms 32 --pairs 8
+    tar czf "$OUT/logs_s116.tgz" -C "$L" .
 elif [ "$part" = s115 ]; then     # session 33: the routed-expert GPU tests with the new defaults (the down's ballot scan,
     # per-warp epilogue, grid caps), the up's ballot scan (K3FUSE_MOE_UP_BALLOT, opt-in) A/B'd at M = 64 and 32, and the
     # down's cap at TP8 M = 16 (the heuristic's DOWN_CTAS 8192 against the old 3072, unmeasured there)

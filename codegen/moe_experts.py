@@ -183,11 +183,13 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
 
 
 def up_ballot() -> bool:
-    """K3FUSE_MOE_UP_BALLOT=1 (opt-in, session 33, not yet measured): the tensor-core up kernel's member scan compacts
+    """K3FUSE_MOE_UP_BALLOT=1 (the default; 0 = the serial scan): the tensor-core up kernel's member scan compacts
     the tokens by warp ballots, as the down's (down_we), instead of thread 0's serial loop over M that every CTA of
     its grid pays (ncu, TP16 M = 64 in the layer, s112: barrier stalls 8.0 per issued instruction beside
-    long-scoreboard 14.5). Only where the CTA's threads cover the bucket. Read at render time."""
-    return os.environ.get("K3FUSE_MOE_UP_BALLOT", "0") == "1"
+    long-scoreboard 14.5). Only where the CTA's threads cover the bucket. Measured on the H200 (2026-12-04, session 33,
+    KDA + MoE layer, layer_ab, 8 pairs, us per layer): TP16 M = 64 -8.3 (8 / 8), TP8 -4.6 (7 / 8); M = 32 -6.3 (8 / 8),
+    -7.6 (7 / 8). Read at render time."""
+    return os.environ.get("K3FUSE_MOE_UP_BALLOT", "1") == "1"
 
 
 DOWN_MMA_MIN_BUCKET = 32   # heuristic where the GPU's table says nothing: the tensor-core down kernel from this bucket
@@ -259,9 +261,10 @@ def _env_int(name: str, default: int) -> int:
 
 def cpc_for(I: int, R: int, KT: int, bucket: int) -> int:
     """Column groups per up CTA: the smallest power of two dividing I / R that keeps bucket * k * I / (R * CPC)
-    CTAs <= UP_CTAS (1 for the ungrouped bucket 1)."""
+    CTAs <= UP_CTAS (K3FUSE_MOE_UP_CTAS overrides, for A/Bs; 1 for the ungrouped bucket 1)."""
+    cap = _env_int("K3FUSE_MOE_UP_CTAS", UP_CTAS)
     cpc = 1
-    while bucket > 1 and bucket * KT * (I // R) // cpc > UP_CTAS and (I // R) % (2 * cpc) == 0:
+    while bucket > 1 and bucket * KT * (I // R) // cpc > cap and (I // R) % (2 * cpc) == 0:
         cpc *= 2
     return cpc
 
@@ -348,7 +351,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
             os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
             os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""),
-            os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we(), up_ballot())
+            os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we(), up_ballot(), os.environ.get("K3FUSE_MOE_UP_CTAS", ""))
     k = _built.get(memo)
     if k is not None:
         return k

@@ -196,20 +196,20 @@ def test_down_mma_warp_epilogue_compiles(arch, tp, b, monkeypatch):
 
 @pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_100a", 8, 32)])
 def test_up_mma_ballot_scan_compiles(arch, tp, b, monkeypatch):
-    """K3FUSE_MOE_UP_BALLOT=1 (opt-in): the tensor-core up kernel's member scan by warp ballots. Off (unset), the
-    source is the default's byte for byte; on, the up kernel votes, has its MMAs and no local memory."""
+    """K3FUSE_MOE_UP_BALLOT=1 (the default): the tensor-core up kernel's member scan by warp ballots. Unset, the
+    source is =1's byte for byte, =0's has no ballot scan; on, the up kernel votes, has its MMAs, no local memory."""
     I = I_TP[tp]
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
     monkeypatch.delenv("K3FUSE_MOE_UP_BALLOT", raising=False)
     default = me.render_source(E, I, D, KT, b)[0]
-    assert "UBAL" not in (me.up_mma(I, D, KT, b, True))
+    assert me.up_mma(I, D, KT, b, True)["UBAL"]
     monkeypatch.setenv("K3FUSE_MOE_UP_BALLOT", "0")
-    assert me.render_source(E, I, D, KT, b)[0] == default
+    assert "UBAL" not in me.up_mma(I, D, KT, b, True) and me.render_source(E, I, D, KT, b)[0] != default
     monkeypatch.setenv("K3FUSE_MOE_UP_BALLOT", "1")
     p = me.up_mma(I, D, KT, b, True)
     assert p["UBAL"]
     k = me.build(E, I, D, KT, b, arch=arch, load=False)
-    assert open(k.files["kernel.py"]).read() != default
+    assert open(k.files["kernel.py"]).read() == default
     up = _ptx_entry(open(k.files["kernel.ptx"]).read(), "up_mma_kernel")
     assert "vote.sync.ballot" in up and "vote.sync.ballot" not in _ptx_entry(
         open(me.build(E, I, D, KT, 1, arch=arch, load=False).files["kernel.ptx"]).read(), "up_kernel")
