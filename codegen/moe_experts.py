@@ -136,7 +136,7 @@ UP_CTAS = 3072   # target grid size of the grouped up kernel (every CTA pays the
 
 # table keys beside the knobs: the up / down kernels' variants where measured in the layer (up_mma, down_mma), not
 # knobs of moe_sweep (which keeps them when it rewrites an entry)
-VARIANT_KEYS = ("UPMMA", "DOWNMMA", "DCTAS")
+VARIANT_KEYS = ("UPMMA", "DOWNMMA", "DCTAS", "UCTAS")
 # table key holding knob values A/B'd in the layer (layer_ab with K3FUSE_MOE_CONFIG) that override the sweep's:
 # moe_sweep times the two kernels alone and can rank configs differently from the layer (session 19, TP8 M = 1:
 # KS = 4 +2.3 us there, -10 us per layer; then LPR = 8 -8.5 more); moe_sweep keeps this key when it rewrites an entry
@@ -152,9 +152,14 @@ def _variant_on(var: str, tabled: Optional[int], bucket: int, min_bucket: int) -
 
 
 UP_MMA_MIN_BUCKET = 16   # heuristic where the GPU's table says nothing: the tensor-core up kernel from this bucket
+# the tensor-core up's grid cap where the table has no UCTAS, with its ballot scan (up_ballot): session 33, layer_ab,
+# 8 pairs, 3072 -> 8192: TP16 M = 64 -22.5 us, TP8 -31.0, M = 32 -2.3 / -14.7; 8192 -> 16384 TP16 M = 64 +7.2, TP8
+# -19.4 (the table's UCTAS there). Without the ballot scan, UP_CTAS.
+UP_MMA_CTAS = 8192
 
 
-def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[int] = None) -> Optional[dict]:
+def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[int] = None,
+           ctas: Optional[int] = None) -> Optional[dict]:
     """The grouped up kernel on tensor cores (template UPMMA), or None for the CUDA-core one. K3FUSE_MOE_UP_MMA=1 takes
     it at every grouped bucket, 0 never; otherwise the GPU table's "UPMMA" for the shape and bucket (`tabled`, read by
     config_for), else from bucket UP_MMA_MIN_BUCKET. Why: the CUDA-core owner re-reads W13_e from L2 once per pass
@@ -167,7 +172,8 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
     The up kernel alone (profile without the PDL chain, TP16): M = 64 396.9 -> 219.5 us, M = 8 90.8 -> 73.0.
     Read at render time (build's memo keys on the variable). Returns the template's UPMMA, UW (warps along K), UU
     (k-steps per load group), NTG (n-tiles of 8 members per pass) and the kernel's own CPC (column blocks of 16 per
-    CTA)."""
+    CTA: the fewest that keep the grid <= `ctas`, the table's "UCTAS" where measured, else UP_MMA_CTAS, UP_CTAS with
+    K3FUSE_MOE_UP_BALLOT=0; K3FUSE_MOE_UP_CTAS overrides))."""
     # group: a grouped bucket (> 1)
     if not _variant_on("K3FUSE_MOE_UP_MMA", tabled, bucket, UP_MMA_MIN_BUCKET) or not group or I % 16:
         return None
@@ -176,8 +182,10 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
     UW = next((w for w in (8, 4, 2, 1) if nv % (4 * UU * w) == 0), None)
     if UW is None:
         return None
-    p = dict(UPMMA=True, UW=UW, UU=UU, NTG=2 if bucket >= 16 else 1, CPC=cpc_for(I, 16, KT, bucket))
-    if up_ballot() and 32 * UW >= bucket:
+    ballot = up_ballot() and 32 * UW >= bucket
+    p = dict(UPMMA=True, UW=UW, UU=UU, NTG=2 if bucket >= 16 else 1,
+             CPC=cpc_for(I, 16, KT, bucket, ctas or (UP_MMA_CTAS if ballot else UP_CTAS)))
+    if ballot:
         p["UBAL"] = True         # passed only when on: the other sources stay as they were
     return p
 
@@ -259,10 +267,10 @@ def _env_int(name: str, default: int) -> int:
         raise ValueError(f"{name}={v!r}: an integer expected") from None
 
 
-def cpc_for(I: int, R: int, KT: int, bucket: int) -> int:
+def cpc_for(I: int, R: int, KT: int, bucket: int, cap: int = UP_CTAS) -> int:
     """Column groups per up CTA: the smallest power of two dividing I / R that keeps bucket * k * I / (R * CPC)
-    CTAs <= UP_CTAS (K3FUSE_MOE_UP_CTAS overrides, for A/Bs; 1 for the ungrouped bucket 1)."""
-    cap = _env_int("K3FUSE_MOE_UP_CTAS", UP_CTAS)
+    CTAs <= cap (K3FUSE_MOE_UP_CTAS overrides, for A/Bs; 1 for the ungrouped bucket 1)."""
+    cap = _env_int("K3FUSE_MOE_UP_CTAS", cap)
     cpc = 1
     while bucket > 1 and bucket * KT * (I // R) // cpc > cap and (I // R) % (2 * cpc) == 0:
         cpc *= 2
@@ -326,7 +334,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     if down_ax(I, KT, cfg, bucket):
         params["AX"] = True      # passed only when on: the other sources stay as they were
     # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were
-    params.update(up_mma(I, D, KT, bucket, group, cfg.get("UPMMA")) or {})
+    params.update(up_mma(I, D, KT, bucket, group, cfg.get("UPMMA"), cfg.get("UCTAS")) or {})
     params.update(down_mma(I, D, KT, bucket, group, cfg.get("DOWNMMA"), cfg.get("DCTAS")) or {})
     return params
 

@@ -105,7 +105,7 @@ def test_up_mma_compiles(arch, tp, b, monkeypatch):
     _renders_where_on(monkeypatch, "K3FUSE_MOE_UP_MMA", ("up_mma_kernel(mZ",), me.UP_MMA_MIN_BUCKET, I, b)
     p = me.up_mma(I, D, KT, b, True)
     assert p["NTG"] == (2 if b >= 16 else 1) and (D // 8) % (4 * p["UU"] * p["UW"]) == 0
-    assert b * KT * (I // 16) // p["CPC"] <= me.UP_CTAS and (I // 16) % p["CPC"] == 0
+    assert b * KT * (I // 16) // p["CPC"] <= me.UP_MMA_CTAS and (I // 16) % p["CPC"] == 0
     k = me.build(E, I, D, KT, b, arch=arch, load=False)
     ptx = open(k.files["kernel.ptx"]).read()
     assert len(re.findall(r"\.entry\s", ptx)) == 2
@@ -239,6 +239,13 @@ def test_down_mma_follows_the_table(monkeypatch):
     monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", "0")
     assert (rpc(384, 64), rpc(192, 64)) == (2, 14)
     monkeypatch.delenv("K3FUSE_MOE_DOWN_WE")
+    # the tensor-core up's column blocks per CTA: the table's UCTAS = 16384 at TP8 bucket 64 (CPC 2 of 24), else
+    # UP_MMA_CTAS (CPC 2 at TP16 bucket 64, 1 at 32); with K3FUSE_MOE_UP_BALLOT=0 UP_CTAS (CPC 4 at TP16 bucket 64)
+    def up_cpc(I, b):
+        return me.template_params(E, I, D, KT, b, me.config_for(E, I, D, KT, b, gpu="nvidia_h200"), 4.0, 25.0)["CPC"]
+    assert (up_cpc(384, 64), up_cpc(192, 64), up_cpc(192, 32), up_cpc(384, 32)) == (2, 2, 1, 2)
+    monkeypatch.setenv("K3FUSE_MOE_UP_BALLOT", "0")
+    assert (up_cpc(384, 64), up_cpc(192, 64)) == (2, 4)
     # the launch passes the y scratch exactly where the kernel takes it (decided at build, from the same config)
     for I, b in ((384, 8), (192, 8)):
         k = me.build(E, I, D, KT, b, cfg=me.config_for(E, I, D, KT, b, gpu="nvidia_h200"), arch="sm_90a", load=False)
