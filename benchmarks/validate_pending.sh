@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s117           # MoE MMA tests, TP8 M = 16 up cap, M = 64 rows, e2e M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s116           # the up kernels' grid cap with the ballot scan
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s115           # MoE GPU tests; K3FUSE_MOE_UP_BALLOT A/Bs; TP8 M = 16 cap
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s114           # the down's grid cap with WE on
@@ -720,6 +721,19 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s117 ]; then     # session 33: the new routed-expert defaults (ballot scans, per-warp down epilogue, grid
+    # caps): the MMA kernels' GPU tests, the up cap at TP8 M = 16 (heuristic, unmeasured), the M = 64 rows (k3fuse +
+    # eager) for the README, the multi-layer model end to end at M = 64
+    pytests moe_mma 200 tests/test_moe_kernel_gpu.py -k "up_mma or down_mma or warp_epilogue or ballot"
+    ab_run up_ctas_tp8_m16 100 --var K3FUSE_MOE_UP_CTAS=3072,8192 --kinds kda --tp 8 --ms 16 --pairs 8
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip inductor \
+        --top 16 --tag _m64 > "$L/lb_m64.txt" 2>&1
+    echo "layer M=64 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_m64.json "$L"/layer_bench_m64.png "$OUT/" 2>/dev/null
+    timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 64 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e M=64 rc=$?" | tee -a "$S"; tail -4 "$L/e2e.txt" | tee -a "$S"
+    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s117.tgz" -C "$L" .
 elif [ "$part" = s116 ]; then     # session 33: the up kernels' grid cap (UP_CTAS 3072, set when every CTA paid the
     # serial member scan) now that the scan is by ballots (K3FUSE_MOE_UP_BALLOT, default since s115)
     ab_run up_ctas_m64 150 --var K3FUSE_MOE_UP_CTAS=3072,8192 --kinds kda --tp 16,8 --ms 64 --pairs 8
