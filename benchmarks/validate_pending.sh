@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s118           # the new scans at M = 2..8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s117           # MoE MMA tests, TP8 M = 16 up cap, M = 64 rows, e2e M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s116           # the up kernels' grid cap with the ballot scan
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s115           # MoE GPU tests; K3FUSE_MOE_UP_BALLOT A/Bs; TP8 M = 16 cap
@@ -721,6 +722,11 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s118 ]; then     # session 33: the new scans where the M = 16..64 A/Bs did not reach: the up's ballot
+    # scan at TP16 M = 2, 4, 8 (the table's UPMMA buckets) and the down's ballot scan + per-warp epilogue at TP8 M = 8
+    ab_run ubal_small 150 --var K3FUSE_MOE_UP_BALLOT=0,1 --kinds kda --tp 16 --ms 2,4,8 --pairs 8
+    ab_run we_tp8_m8 100 --var K3FUSE_MOE_DOWN_WE=0,1 --kinds kda --tp 8 --ms 8 --pairs 8
+    tar czf "$OUT/logs_s118.tgz" -C "$L" .
 elif [ "$part" = s117 ]; then     # session 33: the new routed-expert defaults (ballot scans, per-warp down epilogue, grid
     # caps): the MMA kernels' GPU tests, the up cap at TP8 M = 16 (heuristic, unmeasured), the M = 64 rows (k3fuse +
     # eager) for the README, the multi-layer model end to end at M = 64
