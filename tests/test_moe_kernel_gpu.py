@@ -151,88 +151,80 @@ def test_moe_up_mma_matches_reference(experts, M, monkeypatch):
     assert rel(outs[1], reference(z, ids, w, w13, w2)) < 1e-2
 
 
+def _variant_runs(experts, M, seed, var, values, monkeypatch, rendered):
+    """moe_experts on fresh inputs (slot 2 one expert for every token: several passes of 16 members at M = 64) with
+    the variable var set to each of values in turn; rendered(value) says whether that value's variant is in the
+    kernel. Returns the inputs and the NaN-poisoned outputs, each checked fully written."""
+    from k3fuse.codegen import moe_experts as me
+    I, w13, w2 = experts
+    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
+    ids, w = routing(M, seed)
+    ids[:, 2] = ids[0, 5]
+    outs = []
+    for v in values:
+        monkeypatch.setenv(var, v)
+        assert rendered(v), f"{var}={v}: the variant is not what was rendered"
+        out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+        me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out.float()).all(), f"{var}={v}: unwritten output"
+        outs.append(out)
+    return (z, ids, w, w13, w2), outs
+
+
+def _graph_replay_equals(args, expected):
+    """The op captured in a CUDA graph (its scratch inside), output poisoned, replayed: bitwise expected."""
+    from k3fuse.codegen import moe_experts as me
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gout = me.moe_experts_cuda(*args, BETA, LBETA)
+    gout.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(gout, expected)
+
+
 @pytest.mark.parametrize("M", [2, 8, 16, 64])
 def test_moe_down_mma_matches_reference(experts, M, monkeypatch):
     """K3FUSE_MOE_DOWN_MMA=1 (the grouped down on tensor cores + the combine; opt-in, written in session 17 after the
     device time ran out): the output (NaN-poisoned) matches the reference and the per-(token, slot) down kernel's up
     to rounding, with slot 2 one expert for every token (4 passes of 16 members at M = 64), in a CUDA graph too."""
     from k3fuse.codegen import moe_experts as me
-    I, w13, w2 = experts
-    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
-    ids, w = routing(M, 4000 + 10 * M + I)
-    ids[:, 2] = ids[0, 5]
-    outs = []
-    for on in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", on)
-        assert ("down_mma_kernel(mA" in me.render_source(E, I, D, KT, bucket_for(M))[0]) == (on == "1")
-        out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
-        me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out)
-        torch.cuda.synchronize()
-        assert torch.isfinite(out.float()).all(), f"DOWN_MMA={on}: unwritten output"
-        outs.append(out)
+    I = experts[0]
+    args, outs = _variant_runs(experts, M, 4000 + 10 * M + I, "K3FUSE_MOE_DOWN_MMA", ("0", "1"), monkeypatch,
+                               lambda on: ("down_mma_kernel(mA" in me.render_source(E, I, D, KT, bucket_for(M))[0])
+                               == (on == "1"))
     assert rel(outs[1], outs[0]) < 1e-2
-    assert rel(outs[1], reference(z, ids, w, w13, w2)) < 1e-2
-    g = torch.cuda.CUDAGraph()                                  # DOWN_MMA=1 still set: its scratch y inside the graph
-    with torch.cuda.graph(g):
-        gout = me.moe_experts_cuda(z, ids, w, w13, w2, BETA, LBETA)
-    gout.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(gout, outs[1])
+    assert rel(outs[1], reference(*args)) < 1e-2
+    _graph_replay_equals(args, outs[1])                          # DOWN_MMA=1 still set: its scratch y inside the graph
 
 
 @pytest.mark.parametrize("M", [2, 16, 33, 64])
 def test_moe_down_mma_warp_epilogue_bit_identical(experts, M, monkeypatch):
-    """K3FUSE_MOE_DOWN_WE=1 (the default: the tensor-core down's ballot scan and per-warp y epilogue) computes the same MMAs in
-    the same order: the NaN-poisoned output equals the barrier epilogue's bit for bit, matches the reference, and a
-    CUDA-graph replay reproduces it (slot 2 one expert for every token: several passes of 16 members at M = 64)."""
+    """K3FUSE_MOE_DOWN_WE=1 (the default: the tensor-core down's ballot scan and per-warp y epilogue) computes the
+    same MMAs in the same order: the NaN-poisoned output equals the barrier epilogue's bit for bit, matches the
+    reference, and a CUDA-graph replay reproduces it."""
     from k3fuse.codegen import moe_experts as me
-    I, w13, w2 = experts
-    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
-    ids, w = routing(M, 7000 + 10 * M + I)
-    ids[:, 2] = ids[0, 5]
+    I = experts[0]
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
-    outs = []
-    for we in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", we)
-        assert ("DWE:" in me.render_source(E, I, D, KT, bucket_for(M))[0]) == (we == "1")
-        out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
-        me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out)
-        torch.cuda.synchronize()
-        assert torch.isfinite(out.float()).all(), f"DOWN_WE={we}: unwritten output"
-        outs.append(out)
+    args, outs = _variant_runs(experts, M, 7000 + 10 * M + I, "K3FUSE_MOE_DOWN_WE", ("0", "1"), monkeypatch,
+                               lambda we: ("DWE:" in me.render_source(E, I, D, KT, bucket_for(M))[0]) == (we == "1"))
     assert torch.equal(outs[1], outs[0])
-    assert rel(outs[1], reference(z, ids, w, w13, w2)) < 1e-2
-    g = torch.cuda.CUDAGraph()                                  # DOWN_WE=1 still set
-    with torch.cuda.graph(g):
-        gout = me.moe_experts_cuda(z, ids, w, w13, w2, BETA, LBETA)
-    gout.fill_(float("nan"))
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(gout, outs[1])
+    assert rel(outs[1], reference(*args)) < 1e-2
+    _graph_replay_equals(args, outs[1])                          # DOWN_WE=1 still set
 
 
 @pytest.mark.parametrize("M", [3, 16, 64])
 def test_moe_up_mma_ballot_bit_identical(experts, M, monkeypatch):
-    """K3FUSE_MOE_UP_BALLOT=1 (the tensor-core up's member scan by warp ballots) finds the same members in the same
-    order: the NaN-poisoned output equals the serial scan's bit for bit and matches the reference."""
+    """K3FUSE_MOE_UP_BALLOT=1 (the default: the tensor-core up's member scan by warp ballots) finds the same members
+    in the same order: the NaN-poisoned output equals the serial scan's bit for bit and matches the reference."""
     from k3fuse.codegen import moe_experts as me
-    I, w13, w2 = experts
-    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
-    ids, w = routing(M, 9000 + 10 * M + I)
-    ids[:, 2] = ids[0, 5]
+    I = experts[0]
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
-    outs = []
-    for on in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_MOE_UP_BALLOT", on)
-        assert ("UBAL" in str(me.up_mma(I, D, KT, bucket_for(M), True))) == (on == "1")
-        out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
-        me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, out=out)
-        torch.cuda.synchronize()
-        assert torch.isfinite(out.float()).all(), f"UP_BALLOT={on}: unwritten output"
-        outs.append(out)
+    args, outs = _variant_runs(experts, M, 9000 + 10 * M + I, "K3FUSE_MOE_UP_BALLOT", ("0", "1"), monkeypatch,
+                               lambda on: ("UBAL" in str(me.up_mma(I, D, KT, bucket_for(M), True))) == (on == "1"))
     assert torch.equal(outs[1], outs[0])
-    assert rel(outs[1], reference(z, ids, w, w13, w2)) < 1e-2
+    assert rel(outs[1], reference(*args)) < 1e-2
 
 
 @pytest.mark.parametrize("M", [1, 2, 3])
