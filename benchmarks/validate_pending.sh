@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s119           # (not run) MoE MMA variants at small M again; ncu MLA M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s118           # the new scans at M = 2..8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s117           # MoE MMA tests, TP8 M = 16 up cap, M = 64 rows, e2e M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s116           # the up kernels' grid cap with the ballot scan
@@ -722,6 +723,23 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s119 ]; then     # session 33 (not run: written after the device time ran out): the routed experts'
+    # tensor-core variants where sessions 17-18 measured them off, with the serial scan and the barrier epilogue that
+    # session 33 removed (the down at TP16 M = 8, 16: +1.3 / +2.3 then; the up at TP8 M = 8: +3.8), then ncu of the MLA
+    # split and combine at M = 64 (MLA + MoE rows 1.65x / 1.49x: split 49 / 68 us for ~75 MB of cache, combine 33 / 52)
+    ab_run dmma_tp16_small 150 --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 16 --ms 8,16 --pairs 8
+    ab_run umma_tp8_small 150 --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 8 --ms 2,4,8 --pairs 8
+    NCUM="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__bytes_read.sum,gpu__time_duration.sum"
+    NCUM="$NCUM,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers,launch__grid_size"
+    NCUM="$NCUM,launch__registers_per_thread,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum"
+    NCUM="$NCUM,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sectors_srcunit_tex_op_read.sum"
+    for tp in 16 8; do
+        K3FUSE_PDL_CHAIN=0 timeout 200 ncu --kernel-name regex:"split_kernel|combine_kernel|down_mma_kernel" \
+            --launch-skip 4 --launch-count 4 --metrics "$NCUM" python3 benchmarks/layer_bench.py --out "$L" --kinds mla \
+            --tp $tp --ms 64 --skip eager,inductor --tag _ncu$tp > "$L/ncu_mla_tp$tp.txt" 2>&1
+        echo "ncu mla tp$tp rc=$?" | tee -a "$S"; grep -E "^  [a-z_]+kernel|^    [a-z]|ERR" "$L/ncu_mla_tp$tp.txt" | tee -a "$S"
+    done
+    tar czf "$OUT/logs_s119.tgz" -C "$L" .
 elif [ "$part" = s118 ]; then     # session 33: the new scans where the M = 16..64 A/Bs did not reach: the up's ballot
     # scan at TP16 M = 2, 4, 8 (the table's UPMMA buckets) and the down's ballot scan + per-warp epilogue at TP8 M = 8
     ab_run ubal_small 150 --var K3FUSE_MOE_UP_BALLOT=0,1 --kinds kda --tp 16 --ms 2,4,8 --pairs 8
