@@ -233,9 +233,40 @@ def combine_batch(v: int, splits, one: bool) -> int:
     return rb
 
 
+CMMA_MIN_BUCKET = 16      # K3FUSE_MLA_CMMA=1 takes the tensor-core combine from this batch bucket
+CMMA_MAX_SPLITS = 64      # its per-warp merge weights in shared memory: NS <= this (n_splits() gives 16 at M = 64)
+CMMA_UD = 4               # its k-steps of 32 per W_UV load group (C = 512: 4 groups, double-buffered)
+
+
+def combine_mma_reason(v: int, C: int) -> Optional[str]:
+    """None if the tensor-core combine (template CMMA) takes these widths, else why not: 8 warps merge the 8 tokens
+    of a CTA and each owns a 16-row tile of W_UV, a lane C / 32 columns (16-byte vectors of bf16)."""
+    if v % 16 or not 8 <= v // 16 <= 32:
+        return f"v = {v}: the tensor-core combine takes 8-32 tiles of 16 rows"
+    if C % 256 or C % (32 * CMMA_UD):
+        return f"C = {C}: the tensor-core combine takes multiples of 256"
+    return None
+
+
+def combine_mma_choice(M: int) -> bool:
+    """K3FUSE_MLA_CMMA=1 (opt-in, session 33, written after the device time ran out, not yet run on a GPU): the three
+    launches' combine as one CTA per (head, 8 tokens), 8 warps: warp w merges token w's NS partials (log-sum-exp by
+    warp shuffles, no CTA barrier) and rounds o_lat to bf16 into shared memory, then owns a 16-row tile of W_UV[hd] as
+    the A operand of m16n8k16 MMAs over the 8 tokens, its load groups double-buffered, the first issued before the
+    merge. W_UV[hd] leaves L2 once per 8 tokens instead of once per token, and the CUDA-core GEMV's 32 serial row
+    steps per warp are gone. From bucket CMMA_MIN_BUCKET. Why: at M = 64 the combine took 27.5 / 50.0 us alone (TP16 /
+    TP8, s107) for ~63 / ~126 MB of L2 reads, and batching its rows (CBATCH) gained only -4.4 / -10.1. Prediction:
+    -10..-20 us per MLA layer at TP16 M = 64, -25..-40 at TP8. o_lat is rounded to bf16 before W_UV (the fp32 combine
+    does not round it): not bitwise the default, within the tests' 1e-2."""
+    from .buckets import bucket_for
+    b = bucket_for(M)
+    return os.environ.get("K3FUSE_MLA_CMMA", "0") == "1" and b is not None and b >= CMMA_MIN_BUCKET
+
+
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
-                    gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False) -> dict:
+                    gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False,
+                    cmma: bool = False) -> dict:
     hp = padded_heads(h)
     rb3 = combine_batch(v, splits, one_g is not None)
     nch = (C + r) // 8
@@ -250,20 +281,25 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype),
                 ONE=one_g is not None, G=int(one_g or 0), TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=ONE_SPIN_NS,
                 PREFETCH=one_g is not None and one_prefetch(), CPRE=combine_preload(C, one_g is not None),
-                **({"RB3": rb3} if rb3 else {}))      # absent when off: the same source
+                **({"RB3": rb3} if rb3 else {}),      # absent when off: the same source
+                **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}))
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                   tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
-                  gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False) -> str:
+                  gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False,
+                  cmma: bool = False) -> str:
     """append_eps: the mla_append_attention_ variant (the cache append in qabsorb, with kv_a_layernorm's eps);
     gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast); one_g: the
-    one-launch variant with that many CTAs (None: three launches); pipe: the split kernel's tile pipeline."""
+    one-launch variant with that many CTAs (None: three launches); pipe: the split kernel's tile pipeline; cmma:
+    the tensor-core combine (three launches only; combine_mma_choice)."""
     why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C) or (one_g is not None and one_ok(v, splits, one_g))
+    if cmma:
+        why = why or combine_mma_reason(v, C) or (one_g is not None and "the tensor-core combine has three launches")
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits, append_eps, gate,
-                                              out_dtype, one_g, pipe))
+                                              out_dtype, one_g, pipe, cmma))
 
 
 _built: dict = {}
@@ -272,10 +308,10 @@ _built: dict = {}
 def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
           q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True,
           splits=DEFAULT_SPLITS, append_eps: Optional[float] = None, gate: bool = False, out_dtype="float32",
-          one_g: Optional[int] = None, pipe: bool = False):
+          one_g: Optional[int] = None, pipe: bool = False, cmma: bool = False):
     """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile, the append / gate
-    variant, one launch of one_g CTAs or three) and arch. The rendered source bakes every one of these, so the cache
-    key (sha256 of source + arch) covers them."""
+    variant, one launch of one_g CTAs or three, the combine on tensor cores or not) and arch. The rendered source
+    bakes every one of these, so the cache key (sha256 of source + arch) covers them."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     splits = tuple(int(x) for x in splits)
@@ -283,15 +319,15 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
-            combine_batch(v, splits, one_g is not None))
+            combine_batch(v, splits, one_g is not None), bool(cmma))
     if memo in _built:
         return _built[memo]
-    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe)
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma)
     op = OP_APPEND if eps is not None else OP
     meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
                 config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits),
                             append_eps=eps, gate=bool(gate), out=_dtname(out_dtype), one_launch_ctas=one_g,
-                            pipe=bool(pipe)))
+                            pipe=bool(pipe), **({"combine_mma": True} if cmma else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
@@ -520,9 +556,10 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     # the pipeline's registers (148 at h = 12, 182-186 with MMA scores, against <= 128 without) leave one CTA per
     # SM: where the grid fits
     pipe = pipe_for(M, h, mma_scores(padded_heads(h), r, C)) and (G or M * ns) <= sms
+    cmma = G is None and ns <= CMMA_MAX_SPLITS and combine_mma_choice(M) and combine_mma_reason(v, C) is None
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G,
-                 pipe=pipe)
+                 pipe=pipe, cmma=cmma)
     f32 = torch.float32
     qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)

@@ -103,8 +103,9 @@ def test_mla_split_variants_compile(arch, h, splits, isolated_kernel_cache):
     pre = ma.combine_preload(K3["C"], False)
     if K3["v"] // vs <= 32:                                        # hoisted: every W_UV load before the first barrier
         assert count(comb[:first_bar], v4) == rows + pre
-    else:
-        assert count(comb[:first_bar], v4) == pre
+    else:                        # not hoisted: the first batch of RB rows (K3FUSE_MLA_CBATCH, default 8), if batched
+        rb = ma.combine_batch(K3["v"], splits, False)
+        assert count(comb[:first_bar], v4) == pre + rb * (K3["C"] // 256)
     src = open(k.files["kernel.py"]).read()
     assert f"grid=[HP, M, QS]" in src and f"QS = {qs} " in src and f"VS = {vs} " in src
     C = K3["C"]
@@ -903,3 +904,32 @@ def test_mla_combine_batches_its_w_uv_rows(arch, rb, monkeypatch):
 
     assert loads_before_first_store(s_on) >= loads_before_first_store(s_off) + 2 * rb
     assert not re.search(r"\b(STL|LDL)\b", s_on)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("h,gated", [(6, True), (12, False)])
+def test_mla_combine_mma_compiles(arch, h, gated, monkeypatch):
+    """K3FUSE_MLA_CMMA=1 (opt-in, not yet run on a GPU): the three launches' combine on tensor cores. Its choice
+    follows the variable and the bucket; unset, the sources are the default's; on, the combine entry has the 8 tokens'
+    W_UV MMAs (C / 32 k-steps x 2 per 16-row tile), one CTA barrier and no local memory, and only the three-launch
+    variant takes it."""
+    monkeypatch.delenv("K3FUSE_MLA_CMMA", raising=False)
+    assert not ma.combine_mma_choice(64)
+    monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
+    assert ma.combine_mma_choice(64) and ma.combine_mma_choice(17) and not ma.combine_mma_choice(8)
+    assert ma.combine_mma_reason(128, 512) is None and ma.combine_mma_reason(96, 512) and ma.combine_mma_reason(128, 384)
+    args = dict(h=h, **K3, scale=SCALE, splits=(4, 1), append_eps=1e-6 if gated else None, gate=gated,
+                out_dtype="bfloat16" if gated else "float32")
+    plain = ma.render_source(**args)
+    assert "combine_mma_kernel" not in plain and "def combine_kernel" in plain
+    src = ma.render_source(**args, cmma=True)
+    assert "def combine_mma_kernel" in src and "def combine_kernel" not in src
+    with pytest.raises(ValueError, match="three launches"):
+        ma.render_source(**dict(args, splits=(1, 1)), one_g=64, cmma=True)
+    k = ma.build(**args, arch=arch, load=False, cmma=True)
+    ptx = open(k.files["kernel.ptx"]).read()
+    (body,) = [c for c in ptx.split(".entry")[1:] if "combine_mma_kernel" in c.split("(", 1)[0]]
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", body)) == K3["C"] // 32 * 2
+    assert len(re.findall(r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0", body)) == 1
+    assert "ld.local" not in body and "st.local" not in body
+    assert ("ex2.approx" in body) and (("ex2.approx" in body.split("mma.sync")[-1]) == gated)   # the gate's sigmoid

@@ -370,3 +370,49 @@ def test_mla_combine_batched_rows_at_bucket_64(h, gated, cbatch, monkeypatch, se
     monkeypatch.setenv("K3FUSE_MLA_CBATCH", cbatch)
     sl = [(37 * i + 5) % 700 for i in range(40)]
     check_append(40, 701, sl, h, gated, heads=False, splits=(4, 1))
+
+
+def _records_cmma(monkeypatch):
+    """The cmma argument of every build() the launcher makes from now on."""
+    from k3fuse.codegen import mla_attention as ma
+    seen, real = [], ma.build
+    monkeypatch.setattr(ma, "build", lambda *a, **k: seen.append(k.get("cmma")) or real(*a, **k))
+    return seen
+
+
+@pytest.mark.parametrize("n_split", [None, 1, 7, 64])
+@pytest.mark.parametrize("M,h", [(16, 6), (40, 12), (64, 6)])
+def test_mla_combine_mma_matches_reference(M, h, n_split, monkeypatch, seed):
+    """K3FUSE_MLA_CMMA=1 (the combine over 8 tokens per CTA with W_UV on tensor cores; opt-in, written in session 33
+    after the device time ran out): ragged seq_lens with garbage past them, M not a multiple of 8 (40), 1 to
+    CMMA_MAX_SPLITS splits, NaN-poisoned output against the reference; the launcher built the CMMA kernel."""
+    monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
+    seen = _records_cmma(monkeypatch)
+    args = inputs(M, h, 700, [(37 * i + 5) % 699 for i in range(M)])
+    o = run_kernel(args, n_split=n_split, one=False)
+    torch.cuda.synchronize()
+    assert seen == [True]
+    assert torch.isfinite(o).all()
+    assert rel(o, reference(*args, SCALE)) < 1e-2
+
+
+@pytest.mark.parametrize("h,gated", [(6, True), (12, True), (6, False)])
+def test_mla_combine_mma_append_gate_and_graph(h, gated, monkeypatch, seed):
+    """K3FUSE_MLA_CMMA=1 with the append + gate variant at bucket 64's 4x1 splits (M = 40): the checks of
+    check_append; then the plain variant captured in a CUDA graph, output poisoned, replayed: bitwise the eager run."""
+    from k3fuse.codegen import mla_attention as ma
+    monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
+    seen = _records_cmma(monkeypatch)
+    sl = [(37 * i + 5) % 700 for i in range(40)]
+    check_append(40, 701, sl, h, gated, heads=False, splits=(4, 1))
+    assert seen == [True]
+    args = inputs(24, h, 300, [(13 * i + 7) % 299 for i in range(24)])
+    want = run_kernel(args, n_split=16, one=False)
+    out = torch.empty_like(want)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        ma.mla_attention(*args, SCALE, out=out, n_split=16, one=False, heads=False)
+    out.fill_(float("nan"))
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
