@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s121           # (not run) K3FUSE_MLA_PVMMA: tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s120           # (not run) K3FUSE_MLA_CMMA: tests, memcheck, A/Bs M = 16-64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s119           # (not run) MoE MMA variants at small M again; ncu MLA M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s118           # the new scans at M = 2..8
@@ -724,6 +725,14 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s121 ]; then     # session 33 (not run: written after the device time ran out): the split kernel's PV
+    # step on tensor cores (K3FUSE_MLA_PVMMA=1, opt-in): its GPU tests, memcheck, paired A/Bs at M = 64 (prediction
+    # -5..-10 us per MLA layer) and at TP8 M = 1 / 8 (three launches there)
+    pytests pvmma 300 tests/test_mla_kernel_gpu.py -k "pv_mma"
+    memcheck memcheck_pvmma 200 tests/test_mla_kernel_gpu.py -k "pv_mma and three_launches and 1-12-8"
+    ab_run pvmma_m64 150 --var K3FUSE_MLA_PVMMA=0,1 --kinds mla --tp 16,8 --ms 64 --pairs 8
+    ab_run pvmma_tp8 150 --var K3FUSE_MLA_PVMMA=0,1 --kinds mla --tp 8 --ms 1,8 --pairs 8
+    tar czf "$OUT/logs_s121.tgz" -C "$L" .
 elif [ "$part" = s120 ]; then     # session 33 (not run: written after the device time ran out): the MLA combine on
     # tensor cores (K3FUSE_MLA_CMMA=1, opt-in): its GPU tests, memcheck, then paired A/Bs at M = 64 and 32 (prediction:
     # -10..-20 us per MLA layer at TP16 M = 64, -25..-40 at TP8)

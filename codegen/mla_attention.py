@@ -238,6 +238,21 @@ CMMA_MAX_SPLITS = 64      # its per-warp merge weights in shared memory: NS <= t
 CMMA_UD = 4               # its k-steps of 32 per W_UV load group (C = 512: 4 groups, double-buffered)
 
 
+def pv_mma(hp: int, r: int, C: int, tt: int = DEFAULT_TT) -> bool:
+    """K3FUSE_MLA_PVMMA=1 (opt-in, session 33, written after the device time ran out, not yet run on a GPU): the split
+    kernel's PV step on tensor cores where its score step is (mma_scores) and the widths fit (C a multiple of 16 per
+    warp, 16-token k-blocks). o_lat^T += C_tile^T p as m16n8k16 MMAs: each warp's C / 8 columns as 16-row m-tiles, the
+    heads as 8-wide n-tiles, the tile's tokens as K; the cache tile's 8 x 8 blocks are read from shared memory as
+    packed column pairs and transposed by movmatrix (the per-head kernel's way), p enters as bf16 hi + lo halves (two
+    MMAs, ~16 bits of p). Why: the CUDA-core PV step issues per thread and tile TT x HH x CPT FMAs plus TT x HH
+    shared-memory reads of p (~1000 instructions at 12 heads): by arithmetic ~11 / ~16 us of the split kernel's 49 /
+    68 us at TP16 / TP8 M = 64 (s117). Prediction: -5..-10 us per MLA layer at M = 64, less at small M. The partial's
+    sums change order (MMA accumulation): not bitwise, within the tests' 1e-2. Read when a kernel is rendered."""
+    nwarps = THREADS // 32
+    return (os.environ.get("K3FUSE_MLA_PVMMA", "0") == "1" and mma_scores(hp, r, C, tt) and C % (16 * nwarps) == 0
+            and tt % 16 == 0)
+
+
 def combine_mma_reason(v: int, C: int) -> Optional[str]:
     """None if the tensor-core combine (template CMMA) takes these widths, else why not: 8 warps merge the 8 tokens
     of a CTA and each owns a 16-row tile of W_UV, a lane C / 32 columns (16-byte vectors of bf16)."""
@@ -282,7 +297,8 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 ONE=one_g is not None, G=int(one_g or 0), TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=ONE_SPIN_NS,
                 PREFETCH=one_g is not None and one_prefetch(), CPRE=combine_preload(C, one_g is not None),
                 **({"RB3": rb3} if rb3 else {}),      # absent when off: the same source
-                **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}))
+                **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
+                **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}))
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
@@ -319,7 +335,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
-            combine_batch(v, splits, one_g is not None), bool(cmma))
+            combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt))
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma)

@@ -933,3 +933,40 @@ def test_mla_combine_mma_compiles(arch, h, gated, monkeypatch):
     assert len(re.findall(r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0", body)) == 1
     assert "ld.local" not in body and "st.local" not in body
     assert ("ex2.approx" in body) and (("ex2.approx" in body.split("mma.sync")[-1]) == gated)   # the gate's sigmoid
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("h,one", [(6, False), (12, True), (16, False)])
+def test_mla_pv_mma_compiles(arch, h, one, monkeypatch):
+    """K3FUSE_MLA_PVMMA=1 (opt-in, not yet run on a GPU): the split kernel's PV step on tensor cores. Unset, the
+    sources are the default's; on, the split step (its kernel, or the one-launch kernel) has the PV MMAs (C / 128
+    m-tiles x the heads' n-tiles x TT / 16 k-blocks x hi + lo) beside the score step's, a movmatrix per A block, and
+    no local memory; off where the score step is not on tensor cores."""
+    hp = ma.padded_heads(h)
+    args = dict(h=h, **K3, scale=SCALE, splits=(1, 1) if one else (4, 1))
+    og = 64 if one else None
+    name = "one_kernel" if one else "split_kernel"
+
+    def split_body(k):
+        ptx = open(k.files["kernel.ptx"]).read()
+        (body,) = [c for c in ptx.split(".entry")[1:] if name in c.split("(", 1)[0]]
+        return body
+
+    monkeypatch.delenv("K3FUSE_MLA_PVMMA", raising=False)
+    assert not ma.pv_mma(hp, K3["r"], K3["C"])
+    off = ma.build(**args, arch=arch, load=False, one_g=og)
+    plain = open(off.files["kernel.py"]).read()
+    assert plain == ma.render_source(**args, one_g=og) and "PMT" not in plain
+    monkeypatch.setenv("K3FUSE_MLA_PVMMA", "1")
+    assert ma.pv_mma(hp, K3["r"], K3["C"])
+    monkeypatch.setenv("K3FUSE_MLA_MMA", "0")
+    assert not ma.pv_mma(hp, K3["r"], K3["C"])
+    monkeypatch.delenv("K3FUSE_MLA_MMA")
+    k = ma.build(**args, arch=arch, load=False, one_g=og)
+    assert "PMT = " in open(k.files["kernel.py"]).read()
+    body, body_off = split_body(k), split_body(off)
+    mma = r"mma\.sync\.aligned\.m16n8k16"
+    pv = K3["C"] // 128 * -(-hp // 8) * (ma.DEFAULT_TT // 16) * 2
+    assert len(re.findall(mma, body)) == len(re.findall(mma, body_off)) + pv
+    assert len(re.findall(r"movmatrix", body)) == K3["C"] // 128 * (ma.DEFAULT_TT // 16) * 4
+    assert "ld.local" not in body and "st.local" not in body

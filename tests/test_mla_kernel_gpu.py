@@ -416,3 +416,26 @@ def test_mla_combine_mma_append_gate_and_graph(h, gated, monkeypatch, seed):
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("M,T,seq_lens", [CASES[1], CASES[3], CASES[5], CASES[8]])
+@pytest.mark.parametrize("h", [6, 12, 16])
+@pytest.mark.parametrize("pipe", ["0", "1"])
+@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
+def test_mla_pv_mma_matches_reference(M, T, seq_lens, h, pipe, one, monkeypatch, seed):
+    """K3FUSE_MLA_PVMMA=1 (the split kernel's PV step on tensor cores; opt-in, written in session 33 after the device
+    time ran out): the reference's answer with and without the tile pipeline, three launches and one, padded heads
+    (12 of an n-tile of 16), ragged seq_lens with garbage past them, outputs NaN-poisoned; and within 2e-3 of the
+    CUDA-core PV step (p as bf16 hi + lo halves keeps ~16 bits)."""
+    from k3fuse.codegen import mla_attention as ma
+    monkeypatch.setenv("K3FUSE_MLA_PIPE", pipe)
+    args = inputs(M, h, T, seq_lens)
+    outs = []
+    for on in ("0", "1"):
+        monkeypatch.setenv("K3FUSE_MLA_PVMMA", on)
+        assert ma.pv_mma(ma.padded_heads(h), R, C) == (on == "1")
+        outs.append(run_kernel(args, one=one))
+        torch.cuda.synchronize()
+    assert torch.isfinite(outs[1]).all()
+    assert rel(outs[1], reference(*args, SCALE)) < 1e-2
+    assert rel(outs[1], outs[0]) < 2e-3
