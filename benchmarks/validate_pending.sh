@@ -162,6 +162,21 @@ layer_arm() {   # layer_arm TAG MS [VAR=VALUE ...] [-- LAYER_BENCH_ARGS...]: one
     echo "layer $tag rc=$? $(grep -E "^(kda|mla) +16 +(${ms//,/|}) " "$L/lb_$tag.txt" | tr -s ' ' | tr '\n' '|')" \
         | tee -a "$S"
 }
+# ncu metrics of the layer's kernels: stall reasons, DRAM bytes and throughput, occupancy, registers, grid
+NCU_BASE="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__bytes_read.sum,gpu__time_duration.sum"
+NCU_BASE="$NCU_BASE,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers,launch__grid_size"
+NCU_BASE="$NCU_BASE,launch__registers_per_thread,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum"
+NCU_BASE="$NCU_BASE,lts__t_sectors_srcunit_tex_op_read.sum"
+ncu_layer() {   # ncu_layer TAG KIND REGEX N EXTRA_METRICS: ncu of N launches of the kernels matching REGEX (after N
+    # skipped: the first layer call) in layer_bench.py's KIND layer at M = 64, TP16 and TP8, no PDL chain
+    local tag=$1 kind=$2 re=$3 n=$4 extra=$5 tp
+    for tp in 16 8; do
+        K3FUSE_PDL_CHAIN=0 timeout 200 ncu --kernel-name regex:"$re" --launch-skip "$n" --launch-count "$n" \
+            --metrics "$NCU_BASE$extra" python3 benchmarks/layer_bench.py --out "$L" --kinds "$kind" --tp $tp --ms 64 \
+            --skip eager,inductor --tag "_ncu$tp" > "$L/ncu_${tag}_tp$tp.txt" 2>&1
+        echo "ncu $tag tp$tp rc=$?" | tee -a "$S"; grep -E "^  [a-z_]+kernel|^    [a-z]|ERR" "$L/ncu_${tag}_tp$tp.txt" | tee -a "$S"
+    done
+}
 ab_run() {      # ab_run TAG TIMEOUT LAYER_AB_ARGS...: one layer_ab.py A/B, its table into the summary, its JSON into $OUT
     local tag=$1 t=$2; shift 2
     timeout "$t" python3 benchmarks/layer_ab.py --out "$L" --tag "_$tag" "$@" > "$L/ab_$tag.txt" 2>&1
@@ -747,16 +762,8 @@ elif [ "$part" = s119 ]; then     # session 33 (not run: written after the devic
     # split and combine at M = 64 (MLA + MoE rows 1.65x / 1.49x: split 49 / 68 us for ~75 MB of cache, combine 33 / 52)
     ab_run dmma_tp16_small 150 --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 16 --ms 8,16 --pairs 8
     ab_run umma_tp8_small 150 --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 8 --ms 2,4,8 --pairs 8
-    NCUM="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__bytes_read.sum,gpu__time_duration.sum"
-    NCUM="$NCUM,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers,launch__grid_size"
-    NCUM="$NCUM,launch__registers_per_thread,dram__throughput.avg.pct_of_peak_sustained_elapsed,smsp__inst_executed.sum"
-    NCUM="$NCUM,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,lts__t_sectors_srcunit_tex_op_read.sum"
-    for tp in 16 8; do
-        K3FUSE_PDL_CHAIN=0 timeout 200 ncu --kernel-name regex:"split_kernel|combine_kernel|down_mma_kernel" \
-            --launch-skip 4 --launch-count 4 --metrics "$NCUM" python3 benchmarks/layer_bench.py --out "$L" --kinds mla \
-            --tp $tp --ms 64 --skip eager,inductor --tag _ncu$tp > "$L/ncu_mla_tp$tp.txt" 2>&1
-        echo "ncu mla tp$tp rc=$?" | tee -a "$S"; grep -E "^  [a-z_]+kernel|^    [a-z]|ERR" "$L/ncu_mla_tp$tp.txt" | tee -a "$S"
-    done
+    ncu_layer mla mla "split_kernel|combine_kernel|down_mma_kernel" 4 \
+        ",sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
     tar czf "$OUT/logs_s119.tgz" -C "$L" .
 elif [ "$part" = s118 ]; then     # session 33: the new scans where the M = 16..64 A/Bs did not reach: the up's ballot
     # scan at TP16 M = 2, 4, 8 (the table's UPMMA buckets) and the down's ballot scan + per-warp epilogue at TP8 M = 8
@@ -810,16 +817,8 @@ elif [ "$part" = s113 ]; then     # session 33: the tensor-core down's ballot sc
 elif [ "$part" = s112 ]; then     # session 33: what limits the routed experts' tensor-core kernels at M = 64 (down_mma
     # 148 us at ~67% of copy, up_mma 214 at ~93%, KDA TP16 in the layer without the PDL chain, s107): ncu stall
     # reasons, DRAM bytes, occupancy, per kernel, TP16 and TP8
-    NCUM="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__bytes_read.sum,gpu__time_duration.sum"
-    NCUM="$NCUM,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers,launch__grid_size"
-    NCUM="$NCUM,launch__registers_per_thread,sm__cycles_active.avg,sm__cycles_elapsed.max,dram__throughput.avg.pct_of_peak_sustained_elapsed"
-    NCUM="$NCUM,lts__t_sectors_srcunit_tex_op_read.sum,smsp__inst_executed.sum,sm__ctas_launched.sum"
-    for tp in 16 8; do
-        K3FUSE_PDL_CHAIN=0 timeout 200 ncu --kernel-name regex:"up_mma_kernel|down_mma_kernel|combine_kernel" \
-            --launch-skip 3 --launch-count 3 --metrics "$NCUM" python3 benchmarks/layer_bench.py --out "$L" --kinds kda \
-            --tp $tp --ms 64 --skip eager,inductor --tag _ncu$tp > "$L/ncu_moe_tp$tp.txt" 2>&1
-        echo "ncu moe tp$tp rc=$?" | tee -a "$S"; grep -E "^  [a-z_]+kernel|^    [a-z]|ERR" "$L/ncu_moe_tp$tp.txt" | tee -a "$S"
-    done
+    ncu_layer moe kda "up_mma_kernel|down_mma_kernel|combine_kernel" 3 \
+        ",sm__cycles_active.avg,sm__cycles_elapsed.max,sm__ctas_launched.sum"
     tar czf "$OUT/logs_s112.tgz" -C "$L" .
 elif [ "$part" = s111 ]; then     # session 32 (not run: no device time left): the MLA combine's W_UV rows in batches
     # (K3FUSE_MLA_CBATCH, bucket 64's 4x1 combine: 32 rows per warp, one L2 round trip each by its SASS): the MLA GPU
