@@ -38,6 +38,7 @@ import functools
 import os
 from typing import Optional
 
+from .buckets import bucket_for
 from .render import render
 
 FAMILY = "mla_attention"
@@ -80,7 +81,6 @@ SPLITS_BY_HEADS = {6: {2: (32, 8), 4: (32, 8), 8: (32, 8)}}
 def splits_for(M: int, h: Optional[int] = None) -> tuple:
     """The (QS, VS) of batch M with h heads per rank: SPLITS_BY_HEADS[h]'s entry for M's bucket, else
     SPLITS_BY_BUCKET's, DEFAULT_SPLITS past the last bucket."""
-    from .buckets import bucket_for
     b = bucket_for(M)
     if b is None:
         return DEFAULT_SPLITS
@@ -273,7 +273,6 @@ def combine_mma_choice(M: int) -> bool:
     TP8, s107) for ~63 / ~126 MB of L2 reads, and batching its rows (CBATCH) gained only -4.4 / -10.1. Prediction:
     -10..-20 us per MLA layer at TP16 M = 64, -25..-40 at TP8. o_lat is rounded to bf16 before W_UV (the fp32 combine
     does not round it): not bitwise the default, within the tests' 1e-2."""
-    from .buckets import bucket_for
     b = bucket_for(M)
     return os.environ.get("K3FUSE_MLA_CMMA", "0") == "1" and b is not None and b >= CMMA_MIN_BUCKET
 
@@ -362,16 +361,15 @@ CTAS_PER_SM_BY_BUCKET = {64: 8}
 
 def ctas_per_sm(M: int = 1) -> int:
     """K3FUSE_MLA_CTAS_PER_SM=N (a measurement knob; default CTAS_PER_SM_BY_BUCKET for M's bucket, else 2): the split
-    kernel's CTAs per SM that n_splits aims at. Read at every launch (NS is a runtime value: no recompile). K3FUSE_MLA_MIN_TILES (default
-    MIN_TILES_PER_SPLIT) likewise sets the fewest tiles per split at M > 1."""
-    from .buckets import bucket_for
+    kernel's CTAs per SM that n_splits aims at. Read at every launch (NS is a runtime value: no recompile).
+    K3FUSE_MLA_MIN_TILES (default MIN_TILES_PER_SPLIT) likewise sets the fewest tiles per split at M > 1."""
     v = os.environ.get("K3FUSE_MLA_CTAS_PER_SM", "")
     return max(1, int(v) if v else CTAS_PER_SM_BY_BUCKET.get(bucket_for(M), 2))
 
 
 def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
-    """Splits of T per token row: about ctas_per_sm(M) CTAs per SM in all (2; 8 at bucket 64), at least MIN_TILES_PER_SPLIT tiles per split (one
-    at M = 1: 16 -> 32 splits of a 1024-token context took the three kernels 22.8 -> 19.4 us at h = 6 and 28.0 ->
+    """Splits of T per token row: about ctas_per_sm(M) CTAs per SM in all (2; 8 at bucket 64), at least
+    MIN_TILES_PER_SPLIT tiles per split (one at M = 1: 16 -> 32 splits of a 1024-token context took the three kernels 22.8 -> 19.4 us at h = 6 and 28.0 ->
     22.7 us at h = 12 on the H200; at M = 8, 32 instead of 16 splits was 2-6% slower: benchmarks/mla_splits.py
     --kv-splits, RESULTS.md session 4)."""
     ntiles = -(-T // tt)
@@ -438,7 +436,6 @@ def one_ok(v: int, splits, G: int) -> Optional[str]:
 def one_reason(M: int, v: int, splits, G: int, sms: int, h: Optional[int] = None) -> Optional[str]:
     """None if this launch takes the one-launch variant, else why it takes three. h: heads per rank, for the
     measured rule (ONE_BY_HEADS) when the knob is unset."""
-    from .buckets import bucket_for
     choice = one_choice()
     if choice is False:
         return "K3FUSE_MLA_ONE_KERNEL=0"
@@ -642,7 +639,6 @@ def heads_cl(M: Optional[int] = None, h: Optional[int] = None) -> int:
     else HEADS_CL."""
     v = os.environ.get("K3FUSE_MLA_HEADS_CL", "")
     if not v and M is not None and h is not None:
-        from .buckets import bucket_for
         v = HEADS_CL_BY_HEADS.get(h, {}).get(bucket_for(M), "")
     return max(1, min(HEADS_CL_MAX, int(v or HEADS_CL)))
 
@@ -669,7 +665,6 @@ def heads_splits(M: int, h: int, T: int, sms: int = 132) -> int:
 def heads_choice(M: int, h: int) -> bool:
     """K3FUSE_MLA_HEADS=1 / 0: the per-head kernel wherever it applies / nowhere; unset: where HEADS_BY_HEADS lists
     (h, M's bucket)."""
-    from .buckets import bucket_for
     v = os.environ.get("K3FUSE_MLA_HEADS", "")
     if v:
         return v != "0"

@@ -203,7 +203,7 @@ def up_ballot() -> bool:
 DOWN_MMA_MIN_BUCKET = 32   # heuristic where the GPU's table says nothing: the tensor-core down kernel from this bucket
 # the tensor-core down's grid cap where the table has no DCTAS, with its ballot scan (down_we): session 33, layer_ab,
 # 8 pairs: TP16 M = 64 3072 -> 4096 -> 8192 -21.4, -7.9 us (16384: +13.0), M = 32 3072 -> 8192 TP16 -11.7, TP8 -13.1
-# (the table: 16384 at TP8 M = 64, 8192 at TP8 M = 8; TP8 M = 16 unmeasured). Without the ballot scan, UP_CTAS.
+# (the table: 16384 at TP8 M = 64, 8192 at TP8 M = 8); TP8 M = 16 3072 -> 8192 -10.5. Without the ballot scan, UP_CTAS.
 DOWN_CTAS = 8192
 
 
@@ -245,8 +245,8 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
 
 
 def down_we() -> bool:
-    """K3FUSE_MOE_DOWN_WE=1 (the default; 0 = session 18's barrier epilogue and serial scan): the tensor-core down kernel's member
-    scan compacts the tokens by warp ballots (not thread 0's serial loop over M, which every one of the grid's CTAs
+    """K3FUSE_MOE_DOWN_WE=1 (the default; 0 = session 18's barrier epilogue and serial scan): the tensor-core down
+    kernel's member scan compacts the tokens by warp ballots (not thread 0's serial loop over M, which every one of the grid's CTAs
     pays, owners or not, the other 255 threads waiting at a barrier), and each warp writes its own 16-row y tile
     through its own shared-memory slice with warp syncs only: no CTA barrier between row blocks, so a warp's next
     tile loads are not held behind the slowest warp's epilogue. Why: ncu of the TP16 M = 64 layer (s112): barrier

@@ -146,8 +146,9 @@ def grouped_gemv_enabled() -> bool:
 def _concurrent_fns(x, weights, situ_member: int = -1, beta=None, linear_beta=None, router_weight=None):
     """The group's GEMMs as callables for streams.run_concurrently (each member through k3fuse::linear's CUDA path,
     the SiTU member with its reference SiTU-GLU after it, the router's fp32 logits last), where K3FUSE_GROUP_STREAMS
-    (streams.group_streams_min) takes a group of this many GEMMs and every member goes to the library at this M (the tuning table's cuBLAS buckets); else None. Also the
-    lowering's reason to keep the group ops whole there (on fake tensors: shapes and devices only)."""
+    (streams.group_streams_min) takes a group of this many GEMMs and every member goes to the library at this M (the
+    tuning table's cuBLAS buckets); else None. Also the lowering's reason to keep the group ops whole there (on fake
+    tensors: shapes and devices only)."""
     import torch
     from . import gemv
     least = streams.group_streams_min()

@@ -1,5 +1,7 @@
-"""Shared checks: rel (the GPU tests poison outputs with NaN before a kernel runs) and compiled_steps (the tiny K3
-compiled with chosen passes, a few decode steps)."""
+"""Shared checks: rel (the GPU tests poison outputs with NaN before a kernel runs), entries (a compiled module's PTX
+by kernel) and compiled_steps (the tiny K3 compiled with chosen passes, a few decode steps)."""
+import re
+
 import torch
 
 
@@ -8,6 +10,15 @@ def rel(out, ref):
     out = out.double()
     assert torch.isfinite(out).all(), "unwritten (NaN-poisoned) or non-finite output"
     return ((out - ref.double()).norm() / ref.double().norm()).item()
+
+
+def entries(ptx):
+    """{kernel name (as in the template: split_kernel, combine_mma_kernel, ...): body} of the PTX's entry functions."""
+    out = {}
+    for p in re.split(r"\.visible \.entry ", ptx)[1:]:
+        name = re.match(r"kernel_cutlass_([a-z0-9_]+?_kernel)", p)
+        out[name.group(1) if name else p[:40]] = p
+    return out
 
 
 def compiled_steps(cfg, dtype, M=3, steps=2, seed=0, **options):

@@ -8,21 +8,12 @@ import pytest
 import torch
 
 from k3fuse.codegen import compile as kcompile
+from _check import entries
 from k3fuse.codegen import mla_attention as ma
 
 ARCHES = ["sm_90a", "sm_100a"]
 K3 = dict(n=128, v=128, r=64, C=512)
 SCALE = 192 ** -0.5
-
-
-def entries(ptx):
-    """{kernel name: body} of the PTX's entry functions."""
-    parts = re.split(r"\.visible \.entry ", ptx)[1:]
-    out = {}
-    for p in parts:
-        name = re.match(r"kernel_cutlass_([a-z0-9]+_kernel)", p)
-        out[name.group(1) if name else p[:40]] = p
-    return out
 
 
 def count(body, pat):
@@ -107,7 +98,7 @@ def test_mla_split_variants_compile(arch, h, splits, isolated_kernel_cache):
         rb = ma.combine_batch(K3["v"], splits, False)
         assert count(comb[:first_bar], v4) == pre + rb * (K3["C"] // 256)
     src = open(k.files["kernel.py"]).read()
-    assert f"grid=[HP, M, QS]" in src and f"QS = {qs} " in src and f"VS = {vs} " in src
+    assert "grid=[HP, M, QS]" in src and f"QS = {qs} " in src and f"VS = {vs} " in src
     C = K3["C"]
     assert ma.splits_ok(128, 128, (3, 1), C) and ma.splits_ok(128, 128, (1, 64), C)
     assert ma.splits_ok(128, 128, (64, 1), C)                      # 1 chunk per CTA: 256 n-groups > 128 rows
@@ -927,8 +918,7 @@ def test_mla_combine_mma_compiles(arch, h, gated, monkeypatch):
     with pytest.raises(ValueError, match="three launches"):
         ma.render_source(**dict(args, splits=(1, 1)), one_g=64, cmma=True)
     k = ma.build(**args, arch=arch, load=False, cmma=True)
-    ptx = open(k.files["kernel.ptx"]).read()
-    (body,) = [c for c in ptx.split(".entry")[1:] if "combine_mma_kernel" in c.split("(", 1)[0]]
+    body = entries(open(k.files["kernel.ptx"]).read())["combine_mma_kernel"]
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", body)) == K3["C"] // 32 * 2
     assert len(re.findall(r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0", body)) == 1
     assert "ld.local" not in body and "st.local" not in body
@@ -948,9 +938,7 @@ def test_mla_pv_mma_compiles(arch, h, one, monkeypatch):
     name = "one_kernel" if one else "split_kernel"
 
     def split_body(k):
-        ptx = open(k.files["kernel.ptx"]).read()
-        (body,) = [c for c in ptx.split(".entry")[1:] if name in c.split("(", 1)[0]]
-        return body
+        return entries(open(k.files["kernel.ptx"]).read())[name]
 
     monkeypatch.delenv("K3FUSE_MLA_PVMMA", raising=False)
     assert not ma.pv_mma(hp, K3["r"], K3["C"])

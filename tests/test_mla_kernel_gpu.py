@@ -425,8 +425,9 @@ def test_mla_combine_mma_append_gate_and_graph(h, gated, monkeypatch, seed):
 def test_mla_pv_mma_matches_reference(M, T, seq_lens, h, pipe, one, monkeypatch, seed):
     """K3FUSE_MLA_PVMMA=1 (the split kernel's PV step on tensor cores; opt-in, written in session 33 after the device
     time ran out): the reference's answer with and without the tile pipeline, three launches and one, padded heads
-    (12 of an n-tile of 16), ragged seq_lens with garbage past them, outputs NaN-poisoned; and within 2e-3 of the
-    CUDA-core PV step (p as bf16 hi + lo halves keeps ~16 bits)."""
+    (12 of an n-tile of 16), ragged seq_lens with garbage past them, outputs NaN-poisoned; and within 1e-4 of the
+    CUDA-core PV step: the cache is bf16 in both and p = hi + lo as bf16 halves is off by <= 2^-18 (~4e-6) of p, so
+    the two differ by that and the fp32 sums' order; 1e-4 leaves a ~25x margin."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_PIPE", pipe)
     args = inputs(M, h, T, seq_lens)
@@ -438,4 +439,4 @@ def test_mla_pv_mma_matches_reference(M, T, seq_lens, h, pipe, one, monkeypatch,
         torch.cuda.synchronize()
     assert torch.isfinite(outs[1]).all()
     assert rel(outs[1], reference(*args, SCALE)) < 1e-2
-    assert rel(outs[1], outs[0]) < 2e-3
+    assert rel(outs[1], outs[0]) < 1e-4

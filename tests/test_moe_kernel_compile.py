@@ -10,6 +10,7 @@ import torch
 
 pytest.importorskip("cutlass")
 
+from _check import entries  # noqa: E402
 from k3fuse.codegen import moe_experts as me  # noqa: E402
 from k3fuse.codegen.buckets import BUCKETS  # noqa: E402
 from k3fuse.codegen.cache import cache_key  # noqa: E402
@@ -159,12 +160,6 @@ def test_down_mma_compiles(arch, tp, b, monkeypatch):
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
-def _ptx_entry(ptx, name):
-    """The PTX body of the entry whose name contains name (up to the next entry)."""
-    (body,) = [c for c in ptx.split(".entry")[1:] if name in c.split("(", 1)[0]]
-    return body
-
-
 @pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_90a", 8, 64), ("sm_100a", 16, 32), ("sm_90a", 8, 8)])
 def test_down_mma_warp_epilogue_compiles(arch, tp, b, monkeypatch):
     """K3FUSE_MOE_DOWN_WE=1 (the default): the tensor-core down kernel's member scan by warp ballots and its y tiles
@@ -184,8 +179,8 @@ def test_down_mma_warp_epilogue_compiles(arch, tp, b, monkeypatch):
     assert open(on.files["kernel.py"]).read() == default
     assert on.key != off.key
     p = me.down_mma(I, D, KT, b, True)
-    d_off = _ptx_entry(open(off.files["kernel.ptx"]).read(), "down_mma_kernel")
-    d_on = _ptx_entry(open(on.files["kernel.ptx"]).read(), "down_mma_kernel")
+    d_off = entries(open(off.files["kernel.ptx"]).read())["down_mma_kernel"]
+    d_on = entries(open(on.files["kernel.ptx"]).read())["down_mma_kernel"]
     bars = r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0"
     assert len(re.findall(bars, d_on)) == 2 and len(re.findall(bars, d_off)) == 4
     assert "vote.sync.ballot" in d_on and "vote.sync.ballot" not in d_off
@@ -210,9 +205,9 @@ def test_up_mma_ballot_scan_compiles(arch, tp, b, monkeypatch):
     assert p["UBAL"]
     k = me.build(E, I, D, KT, b, arch=arch, load=False)
     assert open(k.files["kernel.py"]).read() == default
-    up = _ptx_entry(open(k.files["kernel.ptx"]).read(), "up_mma_kernel")
-    assert "vote.sync.ballot" in up and "vote.sync.ballot" not in _ptx_entry(
-        open(me.build(E, I, D, KT, 1, arch=arch, load=False).files["kernel.ptx"]).read(), "up_kernel")
+    up = entries(open(k.files["kernel.ptx"]).read())["up_mma_kernel"]
+    assert "vote.sync.ballot" in up and "vote.sync.ballot" not in entries(
+        open(me.build(E, I, D, KT, 1, arch=arch, load=False).files["kernel.ptx"]).read())["up_kernel"]
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", up)) == p["UU"] * 2 * p["NTG"] * 2
     assert "ld.local" not in up and "st.local" not in up
 
