@@ -35,6 +35,11 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s126           # s119's MoE MMA A/Bs at small M (no ncu)
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s125           # PVMMA with its k-blocks rolled: tests, A/B TP8; the default-path MLA tests
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s124           # CMMA (table) + PVMMA defaults: MLA GPU tests, the M = 64 rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s123           # CMMA and PVMMA paired A/Bs at M = 64; CMMA at M = 32, 16
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s122           # session 33's unrun GPU tests first: CMMA, PVMMA, the MoE refactor; memchecks
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s121           # (not run) K3FUSE_MLA_PVMMA: tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s120           # (not run) K3FUSE_MLA_CMMA: tests, memcheck, A/Bs M = 16-64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s119           # (not run) MoE MMA variants at small M again; ncu MLA M = 64
@@ -740,6 +745,39 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s126 ]; then     # session 34: s119's two A/Bs (the routed experts' tensor-core variants where the tables
+    # keep them off since sessions 17-18, measured then with the serial member scan), without its ncu runs
+    ab_run dmma_tp16_small 140 --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 16 --ms 8,16 --pairs 8
+    ab_run umma_tp8_small 140 --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 8 --ms 4,8 --pairs 8
+    tar czf "$OUT/logs_s126.tgz" -C "$L" .
+elif [ "$part" = s125 ]; then     # session 34: the PV step's 16-token k-blocks as a rolled loop (unrolled, ptxas spilled
+    # 8 bytes at h = 12 for sm_100a): its tests, the A/B against the CUDA-core step (unrolled: TP8 M = 64 -13.2 us,
+    # M = 32 -6.3), then the default-path MLA tests (CMMA at h = 12 from bucket 16, PVMMA) that s124's timeout cut
+    pytests pvmma 120 tests/test_mla_kernel_gpu.py -k "pv_mma and three_launches"
+    ab_run pvmma_rolled 120 --var K3FUSE_MLA_PVMMA=0,1 --kinds mla --tp 8 --ms 64,32 --pairs 8
+    pytests mla_default 200 tests/test_mla_kernel_gpu.py -k "(matches_reference or graph or append) and not pv_mma and not combine_mma"
+    tar czf "$OUT/logs_s125.tgz" -C "$L" .
+elif [ "$part" = s124 ]; then     # session 34: the tensor-core combine (CMMA_BY_HEADS) and PV step (K3FUSE_MLA_PVMMA)
+    # as defaults: every MLA GPU test with them, then the M = 64 rows for the README
+    pytests mla 280 tests/test_mla_kernel_gpu.py tests/test_mla_heads_gpu.py
+    timeout 220 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip inductor \
+        --top 16 --tag _m64 > "$L/lb_m64.txt" 2>&1
+    echo "layer M=64 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_m64.json "$L"/layer_bench_m64.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s124.tgz" -C "$L" .
+elif [ "$part" = s123 ]; then     # session 34: the A/Bs of s120 and s121 after s122 passed their tests
+    ab_run cmma_m64 150 --var K3FUSE_MLA_CMMA=0,1 --kinds mla --tp 16,8 --ms 64 --pairs 8
+    ab_run pvmma_m64 150 --var K3FUSE_MLA_PVMMA=0,1 --kinds mla --tp 16,8 --ms 64 --pairs 8
+    ab_run cmma_m32 150 --var K3FUSE_MLA_CMMA=0,1 --kinds mla --tp 16,8 --ms 32,16 --pairs 8
+    tar czf "$OUT/logs_s123.tgz" -C "$L" .
+elif [ "$part" = s122 ]; then     # session 34: correctness before timing: the GPU tests of session 33's two opt-ins
+    # (K3FUSE_MLA_CMMA, K3FUSE_MLA_PVMMA), the refactored MoE GPU tests (_variant_runs / _graph_replay_equals), memchecks
+    pytests cmma 200 tests/test_mla_kernel_gpu.py -k "combine_mma"
+    pytests pvmma 200 tests/test_mla_kernel_gpu.py -k "pv_mma"
+    pytests moe 250 tests/test_moe_kernel_gpu.py
+    memcheck memcheck_cmma 150 tests/test_mla_kernel_gpu.py -k "combine_mma_matches and 40-12"
+    memcheck memcheck_pvmma 150 tests/test_mla_kernel_gpu.py -k "pv_mma and three_launches and 1-12-8"
+    tar czf "$OUT/logs_s122.tgz" -C "$L" .
 elif [ "$part" = s121 ]; then     # session 33 (not run: written after the device time ran out): the split kernel's PV
     # step on tensor cores (K3FUSE_MLA_PVMMA=1, opt-in): its GPU tests, memcheck, paired A/Bs at M = 64 (prediction
     # -5..-10 us per MLA layer) and at TP8 M = 1 / 8 (three launches there)

@@ -234,23 +234,41 @@ def combine_batch(v: int, splits, one: bool) -> int:
 
 
 CMMA_MIN_BUCKET = 16      # K3FUSE_MLA_CMMA=1 takes the tensor-core combine from this batch bucket
+# heads per rank -> batch buckets where the tensor-core combine is the default (K3FUSE_MLA_CMMA unset). Measured on the
+# H200 (2026-12-04, RESULTS.md "Session 34", layer_ab.py --var K3FUSE_MLA_CMMA=0,1 --kinds mla, 8 ABBA pairs): TP8
+# (h = 12) M = 64 -15.6 us (8 / 8), 32 -10.3 (7 / 8), 16 -1.5 (6 / 8); TP16 (h = 6) M = 64 -3.6 (8 / 8), 32 +0.6
+# (2 / 8), 16 +5.8 (0 / 8): it wins where heads x tokens per CTA column is large (W_UV[hd] shared by more tokens).
+CMMA_BY_HEADS: dict = {6: (64,), 12: (16, 32, 64)}
 CMMA_MAX_SPLITS = 64      # its per-warp merge weights in shared memory: NS <= this (n_splits() gives 16 at M = 64)
 CMMA_UD = 4               # its k-steps of 32 per W_UV load group (C = 512: 4 groups, double-buffered)
 
 
 def pv_mma(hp: int, r: int, C: int, tt: int = DEFAULT_TT) -> bool:
-    """K3FUSE_MLA_PVMMA=1 (opt-in, session 33, written after the device time ran out, not yet run on a GPU): the split
-    kernel's PV step on tensor cores where its score step is (mma_scores) and the widths fit (C a multiple of 16 per
-    warp, 16-token k-blocks). o_lat^T += C_tile^T p as m16n8k16 MMAs: each warp's C / 8 columns as 16-row m-tiles, the
-    heads as 8-wide n-tiles, the tile's tokens as K; the cache tile's 8 x 8 blocks are read from shared memory as
-    packed column pairs and transposed by movmatrix (the per-head kernel's way), p enters as bf16 hi + lo halves (two
-    MMAs, ~16 bits of p). Why: the CUDA-core PV step issues per thread and tile TT x HH x CPT FMAs plus TT x HH
-    shared-memory reads of p (~1000 instructions at 12 heads): by arithmetic ~11 / ~16 us of the split kernel's 49 /
-    68 us at TP16 / TP8 M = 64 (s117). Prediction: -5..-10 us per MLA layer at M = 64, less at small M. The partial's
-    sums change order (MMA accumulation): not bitwise, within the tests' 1e-2. Read when a kernel is rendered."""
+    """K3FUSE_MLA_PVMMA (default 1 since session 34; 0 = the CUDA-core PV step): the split kernel's PV step on tensor
+    cores where its score step is (mma_scores) and the widths fit (C a multiple of 16 per warp, 16-token k-blocks).
+    o_lat^T += C_tile^T p as m16n8k16 MMAs: each warp's C / 8 columns as 16-row m-tiles, the heads as 8-wide n-tiles,
+    the tile's tokens as K; the cache tile's 8 x 8 blocks are read from shared memory as packed column pairs and
+    transposed by movmatrix (the per-head kernel's way), p enters as bf16 hi + lo halves (two MMAs, ~16 bits of p).
+    Why: the CUDA-core PV step issued per thread and tile TT x HH x CPT FMAs plus TT x HH shared-memory reads of p.
+    Measured (H200, 2026-12-04, RESULTS.md "Session 34", layer_ab MLA + MoE, 8 pairs): TP8 M = 64 -13.2 us (8 / 8;
+    -15.0 on top of CMMA), 32 -6.3, 16 -3.9, 1 -0.8 (7 / 8); TP16 M = 64 -0.5 (5 / 8), 32 -0.9, 16 -0.6: neutral at
+    TP16, so one default. The partial's sums change order (MMA accumulation): not bitwise, within 1e-4 of the CUDA-core
+    step (tests/test_mla_kernel_gpu.py). Read when a kernel is rendered."""
     nwarps = THREADS // 32
-    return (os.environ.get("K3FUSE_MLA_PVMMA", "0") == "1" and mma_scores(hp, r, C, tt) and C % (16 * nwarps) == 0
+    return (os.environ.get("K3FUSE_MLA_PVMMA", "1") != "0" and mma_scores(hp, r, C, tt) and C % (16 * nwarps) == 0
             and tt % 16 == 0)
+
+
+# Targets whose ptxas fits the PV step's two 16-token k-blocks unrolled in the split kernel's 128 registers (two CTAs
+# per SM) at h = 12: sm_90a (no spills). For sm_100a the unrolled loop spilled 8 bytes (CPU compile, session 34), so
+# other targets get a rolled loop. On the H200 the rolled loop measured TP8 M = 64 -9.3 us / M = 32 -3.6 against the
+# CUDA-core step (8 / 8 each), the unrolled -13.2 / -6.3.
+PV_UNROLL_ARCHES = ("sm_90a",)
+
+
+def pv_unroll(arch: Optional[str]) -> bool:
+    """Whether the PV step's k-blocks are unrolled for arch (None: the H200's sm_90a, where it was measured)."""
+    return arch is None or arch in PV_UNROLL_ARCHES
 
 
 def combine_mma_reason(v: int, C: int) -> Optional[str]:
@@ -263,24 +281,25 @@ def combine_mma_reason(v: int, C: int) -> Optional[str]:
     return None
 
 
-def combine_mma_choice(M: int) -> bool:
-    """K3FUSE_MLA_CMMA=1 (opt-in, session 33, written after the device time ran out, not yet run on a GPU): the three
-    launches' combine as one CTA per (head, 8 tokens), 8 warps: warp w merges token w's NS partials (log-sum-exp by
-    warp shuffles, no CTA barrier) and rounds o_lat to bf16 into shared memory, then owns a 16-row tile of W_UV[hd] as
-    the A operand of m16n8k16 MMAs over the 8 tokens, its load groups double-buffered, the first issued before the
-    merge. W_UV[hd] leaves L2 once per 8 tokens instead of once per token, and the CUDA-core GEMV's 32 serial row
-    steps per warp are gone. From bucket CMMA_MIN_BUCKET. Why: at M = 64 the combine took 27.5 / 50.0 us alone (TP16 /
-    TP8, s107) for ~63 / ~126 MB of L2 reads, and batching its rows (CBATCH) gained only -4.4 / -10.1. Prediction:
-    -10..-20 us per MLA layer at TP16 M = 64, -25..-40 at TP8. o_lat is rounded to bf16 before W_UV (the fp32 combine
-    does not round it): not bitwise the default, within the tests' 1e-2."""
+def combine_mma_choice(M: int, h: int) -> bool:
+    """The three launches' combine on tensor cores (template CMMA, session 33): one CTA per (head, 8 tokens), 8 warps:
+    warp w merges token w's NS partials (log-sum-exp by warp shuffles, no CTA barrier) and rounds o_lat to bf16 into
+    shared memory, then owns a 16-row tile of W_UV[hd] as the A operand of m16n8k16 MMAs over the 8 tokens, its load
+    groups double-buffered, the first issued before the merge. W_UV[hd] leaves L2 once per 8 tokens instead of once
+    per token, and the CUDA-core GEMV's serial row steps per warp are gone. o_lat is rounded to bf16 before W_UV (the
+    fp32 combine does not round it): not bitwise the CUDA-core combine, within the tests' 1e-2.
+    K3FUSE_MLA_CMMA=1: from bucket CMMA_MIN_BUCKET; 0: nowhere; unset: where CMMA_BY_HEADS lists (h, M's bucket)."""
     b = bucket_for(M)
-    return os.environ.get("K3FUSE_MLA_CMMA", "0") == "1" and b is not None and b >= CMMA_MIN_BUCKET
+    v = os.environ.get("K3FUSE_MLA_CMMA", "")
+    if v:
+        return v != "0" and b is not None and b >= CMMA_MIN_BUCKET
+    return b in CMMA_BY_HEADS.get(h, ())
 
 
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                     gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False,
-                    cmma: bool = False) -> dict:
+                    cmma: bool = False, arch: Optional[str] = None) -> dict:
     hp = padded_heads(h)
     rb3 = combine_batch(v, splits, one_g is not None)
     nch = (C + r) // 8
@@ -297,24 +316,25 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 PREFETCH=one_g is not None and one_prefetch(), CPRE=combine_preload(C, one_g is not None),
                 **({"RB3": rb3} if rb3 else {}),      # absent when off: the same source
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
-                **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}))
+                **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
+                **({"PV_UNROLL": False} if pv_mma(hp, r, C, tt) and not pv_unroll(arch) else {}))
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                   tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                   gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False,
-                  cmma: bool = False) -> str:
+                  cmma: bool = False, arch: Optional[str] = None) -> str:
     """append_eps: the mla_append_attention_ variant (the cache append in qabsorb, with kv_a_layernorm's eps);
     gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast); one_g: the
     one-launch variant with that many CTAs (None: three launches); pipe: the split kernel's tile pipeline; cmma:
-    the tensor-core combine (three launches only; combine_mma_choice)."""
+    the tensor-core combine (three launches only; combine_mma_choice); arch: the target (pv_unroll)."""
     why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C) or (one_g is not None and one_ok(v, splits, one_g))
     if cmma:
         why = why or combine_mma_reason(v, C) or (one_g is not None and "the tensor-core combine has three launches")
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits, append_eps, gate,
-                                              out_dtype, one_g, pipe, cmma))
+                                              out_dtype, one_g, pipe, cmma, arch))
 
 
 _built: dict = {}
@@ -337,7 +357,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
             combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt))
     if memo in _built:
         return _built[memo]
-    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma)
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch)
     op = OP_APPEND if eps is not None else OP
     meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
                 config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits),
@@ -569,7 +589,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     # the pipeline's registers (148 at h = 12, 182-186 with MMA scores, against <= 128 without) leave one CTA per
     # SM: where the grid fits
     pipe = pipe_for(M, h, mma_scores(padded_heads(h), r, C)) and (G or M * ns) <= sms
-    cmma = G is None and ns <= CMMA_MAX_SPLITS and combine_mma_choice(M) and combine_mma_reason(v, C) is None
+    cmma = G is None and ns <= CMMA_MAX_SPLITS and combine_mma_choice(M, h) and combine_mma_reason(v, C) is None
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G,
                  pipe=pipe, cmma=cmma)

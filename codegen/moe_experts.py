@@ -168,7 +168,8 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
     TP16 (I = 192) M = 64 747.1 -> 561.1, M = 16 332.7 -> 269.0, M = 8 216.5 -> 200.0 (10 / 10 pairs each);
     M = 4 165.8 -> 150.6, M = 2 119.8 -> 115.4 (8 / 8 each; table entries holding UPMMA alone: the knobs there are
     the heuristic's, as before); TP8 (I = 384) M = 64 1344.1 -> 971.7 (6 / 6), M = 8 325.9 -> 330.5 (+3.8, 0 / 6:
-    the table keeps it off there; TP8 buckets 2 and 4 untimed, so off by the heuristic).
+    the table keeps it off there). Session 34 (2026-12-04, 8 pairs each): TP8 M = 4 KDA -24.3 / -25.6, MLA -30.9;
+    M = 2 -1.3 / -1.6 (the table's UPMMA there since); M = 8 +4.4 again (1 / 8).
     The up kernel alone (profile without the PDL chain, TP16): M = 64 396.9 -> 219.5 us, M = 8 90.8 -> 73.0.
     Read at render time (build's memo keys on the variable). Returns the template's UPMMA, UW (warps along K), UU
     (k-steps per load group), NTG (n-tiles of 8 members per pass) and the kernel's own CPC (column blocks of 16 per

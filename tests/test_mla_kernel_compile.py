@@ -165,7 +165,8 @@ def test_mla_kernel_no_spills(arch, pipe, tmp_path, capfd):
     where the grid has at most one CTA per SM)."""
     pytest.importorskip("cutlass")
     import cutlass.cute as cute
-    mod = kcompile._import_source(ma.render_source(12, **K3, scale=SCALE, pipe=pipe), f"mla_spills_{arch}_{pipe}",
+    mod = kcompile._import_source(ma.render_source(12, **K3, scale=SCALE, pipe=pipe, arch=arch),
+                                  f"mla_spills_{arch}_{pipe}",
                                   tmp_path)
     capfd.readouterr()
     cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
@@ -488,8 +489,9 @@ def test_mla_mma_scores_compile(arch, h, monkeypatch, isolated_kernel_cache):
     ks = entries(ptx)
     ks_steps = (K3["C"] + K3["r"]) // 32
     kh = ma.THREADS // 32 // (ma.DEFAULT_TT // 8)
+    pv = K3["C"] // 128 * -(-ma.padded_heads(h) // 8) * 2 * (ma.DEFAULT_TT // 16 if ma.pv_unroll(arch) else 1)
     assert count(ks["split_kernel"], r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32") == \
-        -(-ks_steps // kh) * 2 * 2
+        -(-ks_steps // kh) * 2 * 2 + pv
     assert "ld.local" not in ptx and "st.local" not in ptx
     assert ma.smem_bytes(h, K3["r"], K3["C"]) < 100 * 1024
     monkeypatch.setenv("K3FUSE_MLA_MMA", "0")
@@ -900,14 +902,18 @@ def test_mla_combine_batches_its_w_uv_rows(arch, rb, monkeypatch):
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("h,gated", [(6, True), (12, False)])
 def test_mla_combine_mma_compiles(arch, h, gated, monkeypatch):
-    """K3FUSE_MLA_CMMA=1 (opt-in, not yet run on a GPU): the three launches' combine on tensor cores. Its choice
-    follows the variable and the bucket; unset, the sources are the default's; on, the combine entry has the 8 tokens'
-    W_UV MMAs (C / 32 k-steps x 2 per 16-row tile), one CTA barrier and no local memory, and only the three-launch
-    variant takes it."""
+    """The three launches' combine on tensor cores (K3FUSE_MLA_CMMA). Its choice follows the table (unset), or the
+    variable and the bucket; without cmma the sources have the CUDA-core combine; with it, the combine entry has the 8
+    tokens' W_UV MMAs (C / 32 k-steps x 2 per 16-row tile), one CTA barrier and no local memory, and only the
+    three-launch variant takes it."""
     monkeypatch.delenv("K3FUSE_MLA_CMMA", raising=False)
-    assert not ma.combine_mma_choice(64)
+    assert [m for m in (1, 8, 16, 32, 64) if ma.combine_mma_choice(m, 6)] == [64]
+    assert [m for m in (1, 8, 16, 32, 64) if ma.combine_mma_choice(m, 12)] == [16, 32, 64]
+    assert not ma.combine_mma_choice(64, 5)
+    monkeypatch.setenv("K3FUSE_MLA_CMMA", "0")
+    assert not ma.combine_mma_choice(64, 12)
     monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
-    assert ma.combine_mma_choice(64) and ma.combine_mma_choice(17) and not ma.combine_mma_choice(8)
+    assert ma.combine_mma_choice(64, 6) and ma.combine_mma_choice(17, 5) and not ma.combine_mma_choice(8, 12)
     assert ma.combine_mma_reason(128, 512) is None and ma.combine_mma_reason(96, 512) and ma.combine_mma_reason(128, 384)
     args = dict(h=h, **K3, scale=SCALE, splits=(4, 1), append_eps=1e-6 if gated else None, gate=gated,
                 out_dtype="bfloat16" if gated else "float32")
@@ -928,8 +934,8 @@ def test_mla_combine_mma_compiles(arch, h, gated, monkeypatch):
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("h,one", [(6, False), (12, True), (16, False)])
 def test_mla_pv_mma_compiles(arch, h, one, monkeypatch):
-    """K3FUSE_MLA_PVMMA=1 (opt-in, not yet run on a GPU): the split kernel's PV step on tensor cores. Unset, the
-    sources are the default's; on, the split step (its kernel, or the one-launch kernel) has the PV MMAs (C / 128
+    """K3FUSE_MLA_PVMMA (default 1): the split kernel's PV step on tensor cores. 0, the sources have no PV MMAs; on
+    (unset), the split step (its kernel, or the one-launch kernel) has the PV MMAs (C / 128
     m-tiles x the heads' n-tiles x TT / 16 k-blocks x hi + lo) beside the score step's, a movmatrix per A block, and
     no local memory; off where the score step is not on tensor cores."""
     hp = ma.padded_heads(h)
@@ -940,12 +946,12 @@ def test_mla_pv_mma_compiles(arch, h, one, monkeypatch):
     def split_body(k):
         return entries(open(k.files["kernel.ptx"]).read())[name]
 
-    monkeypatch.delenv("K3FUSE_MLA_PVMMA", raising=False)
+    monkeypatch.setenv("K3FUSE_MLA_PVMMA", "0")
     assert not ma.pv_mma(hp, K3["r"], K3["C"])
     off = ma.build(**args, arch=arch, load=False, one_g=og)
     plain = open(off.files["kernel.py"]).read()
     assert plain == ma.render_source(**args, one_g=og) and "PMT" not in plain
-    monkeypatch.setenv("K3FUSE_MLA_PVMMA", "1")
+    monkeypatch.delenv("K3FUSE_MLA_PVMMA")
     assert ma.pv_mma(hp, K3["r"], K3["C"])
     monkeypatch.setenv("K3FUSE_MLA_MMA", "0")
     assert not ma.pv_mma(hp, K3["r"], K3["C"])
@@ -954,7 +960,8 @@ def test_mla_pv_mma_compiles(arch, h, one, monkeypatch):
     assert "PMT = " in open(k.files["kernel.py"]).read()
     body, body_off = split_body(k), split_body(off)
     mma = r"mma\.sync\.aligned\.m16n8k16"
-    pv = K3["C"] // 128 * -(-hp // 8) * (ma.DEFAULT_TT // 16) * 2
+    kbs = ma.DEFAULT_TT // 16 if ma.pv_unroll(arch) else 1          # the k-blocks unrolled or a loop
+    pv = K3["C"] // 128 * -(-hp // 8) * 2 * kbs
     assert len(re.findall(mma, body)) == len(re.findall(mma, body_off)) + pv
-    assert len(re.findall(r"movmatrix", body)) == K3["C"] // 128 * (ma.DEFAULT_TT // 16) * 4
+    assert len(re.findall(r"movmatrix", body)) == K3["C"] // 128 * 4 * kbs
     assert "ld.local" not in body and "st.local" not in body

@@ -383,8 +383,8 @@ def _records_cmma(monkeypatch):
 @pytest.mark.parametrize("n_split", [None, 1, 7, 64])
 @pytest.mark.parametrize("M,h", [(16, 6), (40, 12), (64, 6)])
 def test_mla_combine_mma_matches_reference(M, h, n_split, monkeypatch, seed):
-    """K3FUSE_MLA_CMMA=1 (the combine over 8 tokens per CTA with W_UV on tensor cores; opt-in, written in session 33
-    after the device time ran out): ragged seq_lens with garbage past them, M not a multiple of 8 (40), 1 to
+    """K3FUSE_MLA_CMMA=1 (the combine over 8 tokens per CTA with W_UV on tensor cores; the default where
+    CMMA_BY_HEADS lists the bucket): ragged seq_lens with garbage past them, M not a multiple of 8 (40), 1 to
     CMMA_MAX_SPLITS splits, NaN-poisoned output against the reference; the launcher built the CMMA kernel."""
     monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
     seen = _records_cmma(monkeypatch)
@@ -423,8 +423,7 @@ def test_mla_combine_mma_append_gate_and_graph(h, gated, monkeypatch, seed):
 @pytest.mark.parametrize("pipe", ["0", "1"])
 @pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
 def test_mla_pv_mma_matches_reference(M, T, seq_lens, h, pipe, one, monkeypatch, seed):
-    """K3FUSE_MLA_PVMMA=1 (the split kernel's PV step on tensor cores; opt-in, written in session 33 after the device
-    time ran out): the reference's answer with and without the tile pipeline, three launches and one, padded heads
+    """K3FUSE_MLA_PVMMA (the split kernel's PV step on tensor cores; default 1 since session 34): the reference's answer with and without the tile pipeline, three launches and one, padded heads
     (12 of an n-tile of 16), ragged seq_lens with garbage past them, outputs NaN-poisoned; and within 1e-4 of the
     CUDA-core PV step: the cache is bf16 in both and p = hi + lo as bf16 halves is off by <= 2^-18 (~4e-6) of p, so
     the two differ by that and the fp32 sums' order; 1e-4 leaves a ~25x margin."""

@@ -119,8 +119,8 @@ def test_up_mma_compiles(arch, tp, b, monkeypatch):
 
 def test_up_mma_follows_the_table(monkeypatch):
     """The H200 table's UPMMA (measured per shape and bucket) picks the up kernel where the variable is unset: on at
-    TP16 buckets 2-8 and 64 and TP8 bucket 64, off at TP8 bucket 8 (measured slower there); the variable overrides
-    it."""
+    TP16 buckets 2-8 and 64 and TP8 buckets 2, 4 (session 34) and 64, off at TP8 bucket 8 (measured slower there);
+    the variable overrides it."""
     monkeypatch.delenv("K3FUSE_MOE_UP_MMA", raising=False)
     def mma_src(I, b):
         cfg = me.config_for(E, I, D, KT, b, gpu="nvidia_h200")
@@ -129,9 +129,13 @@ def test_up_mma_follows_the_table(monkeypatch):
     assert mma_src(192, 8) and mma_src(192, 64) and mma_src(384, 64) and not mma_src(384, 8)
     assert not mma_src(192, 1)
     # buckets 2 and 4: entries holding UPMMA alone (TP16, measured); the knobs stay the heuristic's
-    assert mma_src(192, 2) and mma_src(192, 4) and not mma_src(384, 2)
+    assert mma_src(192, 2) and mma_src(192, 4) and mma_src(384, 2) and mma_src(384, 4)
     assert {k: v for k, v in me.config_for(E, 192, D, KT, 2, gpu="nvidia_h200").items() if k != "UPMMA"} == \
         dict(me.default_config(E, 192, D, KT, 2), KS=2)            # the variant key beside the layer's KS = 2 only
+    # TP8 bucket 4: the variant key beside the layer-measured knobs, which stay
+    assert me.config_for(E, 384, D, KT, 4, gpu="nvidia_h200")["UPMMA"] == 1
+    assert {k: me.config_for(E, 384, D, KT, 4, gpu="nvidia_h200")[k] for k in ("KS", "LPR", "WD")} == \
+        dict(KS=2, LPR=16, WD=1)
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
     assert mma_src(384, 8)
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "0")
