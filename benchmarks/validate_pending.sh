@@ -40,9 +40,9 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s124           # CMMA (table) + PVMMA defaults: MLA GPU tests, the M = 64 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s123           # CMMA and PVMMA paired A/Bs at M = 64; CMMA at M = 32, 16
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s122           # session 33's unrun GPU tests first: CMMA, PVMMA, the MoE refactor; memchecks
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s121           # (not run) K3FUSE_MLA_PVMMA: tests, memcheck, A/Bs
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s120           # (not run) K3FUSE_MLA_CMMA: tests, memcheck, A/Bs M = 16-64
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s119           # (not run) MoE MMA variants at small M again; ncu MLA M = 64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s121           # (not run: s122, s123, s125 instead) K3FUSE_MLA_PVMMA: tests, memcheck, A/Bs
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s120           # (not run: s122, s123 instead) K3FUSE_MLA_CMMA: tests, memcheck, A/Bs M = 16-64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s119           # (its A/Bs ran as s126; ncu not run) MoE MMA variants at small M again; ncu MLA M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s118           # the new scans at M = 2..8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s117           # MoE MMA tests, TP8 M = 16 up cap, M = 64 rows, e2e M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s116           # the up kernels' grid cap with the ballot scan
