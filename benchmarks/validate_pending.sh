@@ -35,6 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s128           # (not run) ncu of the M = 64 layer's own kernels (MLA split, CMMA combine, up / down MMA)
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s127           # (not run) TP8 M = 2, 4 rows with UPMMA; the variants' untimed buckets
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s126           # s119's MoE MMA A/Bs at small M (no ncu)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s125           # PVMMA with its k-blocks rolled: tests, A/B TP8; the default-path MLA tests
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s124           # CMMA (table) + PVMMA defaults: MLA GPU tests, the M = 64 rows
@@ -745,6 +747,22 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s128 ]; then     # session 34 (not run): where the M = 64 layer's own kernels stand after session 34's
+    # changes: the MLA split kernel (TP16 48 us for ~18 us of cache bytes: not bandwidth, and the tensor-core PV step
+    # did not move it at 6 heads), the tensor-core combine, the routed up / down (down ~72% of copy)
+    ncu_layer m64 mla "split_kernel|combine_mma_kernel|down_mma_kernel|up_mma_kernel" 4 \
+        ",sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+    tar czf "$OUT/logs_s128.tgz" -C "$L" .
+elif [ "$part" = s127 ]; then     # session 34 (not run): the TP8 M = 2, 4 rows with the table's new UPMMA (A/B: M = 4
+    # KDA -25.6, MLA -30.9 us), then the routed variants' buckets never timed: the tensor-core down at TP16 and TP8
+    # M = 2, 4 (off by the heuristic below bucket 32), the tensor-core up at TP16 M = 16, 32 (on by the heuristic)
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 2,4 --top 16 --tag _tp8_m24 \
+        > "$L/lb_tp8_m24.txt" 2>&1
+    echo "layer TP8 M=2,4 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_tp8_m24.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_tp8_m24.json "$OUT/" 2>/dev/null
+    ab_run dmma_small 150 --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 16,8 --ms 2,4 --pairs 8
+    ab_run umma_tp16_mid 120 --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 16 --ms 16,32 --pairs 8
+    tar czf "$OUT/logs_s127.tgz" -C "$L" .
 elif [ "$part" = s126 ]; then     # session 34: s119's two A/Bs (the routed experts' tensor-core variants where the tables
     # keep them off since sessions 17-18, measured then with the serial member scan), without its ncu runs
     ab_run dmma_tp16_small 140 --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 16 --ms 8,16 --pairs 8
