@@ -291,8 +291,11 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             g = g if groups == 1 and mla_attention.one_reason(b, v, splits, g, PLAN_SMS, h) is None else None
             pipe = mla_attention.pipe_for(b, h, mla_attention.mma_scores(mla_attention.padded_heads(h), r, C)) \
                 and (g or b * ns) <= PLAN_SMS
-            by_splits.setdefault(splits + (pipe, g), []).append(b)
-        for (qs, vs, pipe, g), bs in by_splits.items():
+            # the combine on tensor cores, as the launcher chooses it (three launches, the bucket in CMMA_BY_HEADS)
+            cmma = g is None and ns <= mla_attention.CMMA_MAX_SPLITS and mla_attention.combine_mma_choice(b, h) \
+                and mla_attention.combine_mma_reason(v, C) is None
+            by_splits.setdefault(splits + (pipe, g, cmma), []).append(b)
+        for (qs, vs, pipe, g, cmma), bs in by_splits.items():
             # one head group: pass fuse_mla_append_and_gate's op (the cache append + output gate variant); more:
             # its CUDA impl falls back to the plain kernel per group (the append runs once, in ATen)
             fused = groups == 1
@@ -300,11 +303,11 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                              op="k3fuse::mla_append_attention_" if fused else "k3fuse::mla_attention",
                              shape=dict(h=h, n=n, v=v, r=r, C=C), bucket=bs[0],
                              config=dict(scale=(n + r) ** -0.5, splits=[qs, vs], buckets=bs, pipe=pipe,
-                                         **({"one_g": g} if g else {}),
+                                         **({"one_g": g} if g else {}), **({"cmma": True} if cmma else {}),
                                          **({"append_eps": cfg.mla_lora_norm_eps, "gate": True, "out": "bfloat16"}
                                             if fused else {})),
                              name=f"mla_{'append_' if fused else ''}attention_h{h}_c{C}_qs{qs}_vs{vs}"
-                                  f"{'_pipe' if pipe else ''}{f'_one{g}' if g else ''}",
+                                  f"{'_pipe' if pipe else ''}{f'_one{g}' if g else ''}{'_cmma' if cmma else ''}",
                              **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
         for cl, bs in by_cl.items():
             # pass fuse_q_b_into_mla_attention's op: the kernel computes q itself where its cluster splits W_qb
@@ -383,7 +386,7 @@ def build_job(job: dict, arch: str):
         return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
                                    splits=c["splits"], append_eps=c.get("append_eps"), gate=c.get("gate", False),
                                    out_dtype=c.get("out", "float32"), pipe=c.get("pipe", False),
-                                   one_g=c.get("one_g"))
+                                   one_g=c.get("one_g"), cmma=c.get("cmma", False))
     if job["family"] == "moe_experts":
         from . import moe_experts
         s, c = job["shape"], job["config"]
