@@ -188,6 +188,8 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
              CPC=cpc_for(I, 16, KT, bucket, ctas or (UP_MMA_CTAS if ballot else UP_CTAS)))
     if ballot:
         p["UBAL"] = True         # passed only when on: the other sources stay as they were
+        if pass_owners():
+            p["UPASS"] = True
     return p
 
 
@@ -242,7 +244,24 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     p = dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
     if down_we():
         p["DWE"] = True          # passed only when on: the other sources stay as they were
+        if pass_owners():
+            p["DPASS"] = True
     return p
+
+
+def pass_owners() -> bool:
+    """K3FUSE_MOE_PASS_OWNERS=1 (opt-in, session 34, written after the device time ran out, not yet run on a GPU): in
+    the tensor-core up and down kernels (with their ballot scans), a CTA per pass of 16 member tokens instead of one
+    per chosen expert: the pair (m, j) owns a pass when m's rank among the tokens that chose e (popc of the scan's
+    ballots) is a multiple of 16 and j is m's lowest slot with e; it computes members rank .. rank + 15. Nothing else
+    changes (the same grid, the same scan, each member's values computed by the same arithmetic: bitwise the
+    default). Why: an expert chosen by 64 tokens ran 4 passes one after another in one CTA (per RPC row blocks / CPC
+    column blocks): at M = 64 about 4 x 7 x 2 = 56 dependent load rounds for the down at TP16, against 14 for an
+    expert with <= 16 members; the layer's routing is skewed (the ledger's moe bytes at M = 64: ~134-145 distinct
+    experts for 1024 picks, ~7.6 members each on average), so such experts exist. Prediction: the down -5..-20 us at
+    TP16 / TP8 M = 64 if those CTAs are its critical path, nothing where no expert has more than 16 members (M <= 16).
+    Read at render time."""
+    return os.environ.get("K3FUSE_MOE_PASS_OWNERS", "0") == "1"
 
 
 def down_we() -> bool:
@@ -360,7 +379,8 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
             os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
             os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""),
-            os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we(), up_ballot(), os.environ.get("K3FUSE_MOE_UP_CTAS", ""))
+            os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we(), up_ballot(), os.environ.get("K3FUSE_MOE_UP_CTAS", ""),
+            pass_owners())
     k = _built.get(memo)
     if k is not None:
         return k

@@ -216,6 +216,38 @@ def test_up_mma_ballot_scan_compiles(arch, tp, b, monkeypatch):
     assert "ld.local" not in up and "st.local" not in up
 
 
+@pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_100a", 8, 32)])
+def test_pass_owners_compile(arch, tp, b, monkeypatch):
+    """K3FUSE_MOE_PASS_OWNERS=1 (opt-in, not yet run on a GPU): a CTA per pass of 16 members in the tensor-core up and
+    down. Unset or 0, the sources are the default's byte for byte; on, both owner tests take the member's rank from
+    the ballots (popc) and neither kernel loops over passes; the MMAs are the default's, no local memory. Without the
+    ballot scans (which it needs) it is not taken."""
+    I = I_TP[tp]
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    monkeypatch.delenv("K3FUSE_MOE_PASS_OWNERS", raising=False)
+    default = me.render_source(E, I, D, KT, b)[0]
+    monkeypatch.setenv("K3FUSE_MOE_PASS_OWNERS", "0")
+    assert me.render_source(E, I, D, KT, b)[0] == default
+    off = me.build(E, I, D, KT, b, arch=arch, load=False)
+    monkeypatch.setenv("K3FUSE_MOE_PASS_OWNERS", "1")
+    src = me.render_source(E, I, D, KT, b)[0]
+    assert src != default and "rank % MG" in src and "rank % DMG" in src
+    assert "range(0, n, MG" not in src and "range(0, n, DMG" not in src
+    k = me.build(E, I, D, KT, b, arch=arch, load=False)
+    ks, ks_off = (entries(open(x.files["kernel.ptx"]).read()) for x in (k, off))
+    for name in ("up_mma_kernel", "down_mma_kernel"):
+        body = ks[name]
+        assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", body)) == \
+            len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ks_off[name]))
+        # the rank: one popc more than the scan's (BM = 64: two ballot words, the lower one added by the unrolled loop)
+        assert len(re.findall(r"popc", body)) == len(re.findall(r"popc", ks_off[name])) + 1
+        assert "ld.local" not in body and "st.local" not in body
+    monkeypatch.setenv("K3FUSE_MOE_UP_BALLOT", "0")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", "0")
+    assert "rank %" not in me.render_source(E, I, D, KT, b)[0]
+
+
 def test_down_mma_follows_the_table(monkeypatch):
     """The H200 table's DOWNMMA (measured per shape and bucket) picks the down kernel where the variable is unset: on
     at TP16 buckets 32 and 64 and TP8 buckets 8-64, off at TP16 buckets 8 and 16 (measured slower there; bucket 16 is an

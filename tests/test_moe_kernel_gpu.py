@@ -227,6 +227,27 @@ def test_moe_up_mma_ballot_bit_identical(experts, M, monkeypatch):
     assert rel(outs[1], reference(*args)) < 1e-2
 
 
+@pytest.mark.parametrize("M", [17, 40, 64])
+def test_moe_pass_owners_bit_identical(experts, M, monkeypatch):
+    """K3FUSE_MOE_PASS_OWNERS=1 (a CTA per pass of 16 members in the tensor-core up and down; opt-in, written in
+    session 34 after the device time ran out): with slot 2 one expert for every token (2, 3, 4 passes at M = 17, 40,
+    64; the last one partial at 17 and 40) the NaN-poisoned output equals the default's bit for bit (each member's
+    values by the same arithmetic, in another CTA), matches the reference, and replays so in a CUDA graph."""
+    from k3fuse.codegen import moe_experts as me
+    I = experts[0]
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+
+    def rendered(on):
+        src = me.render_source(E, I, D, KT, bucket_for(M))[0]
+        return (("rank % MG" in src) and ("rank % DMG" in src)) == (on == "1")
+    args, outs = _variant_runs(experts, M, 9500 + 10 * M + I, "K3FUSE_MOE_PASS_OWNERS", ("0", "1"), monkeypatch,
+                               rendered)
+    assert torch.equal(outs[1], outs[0])
+    assert rel(outs[1], reference(*args)) < 1e-2
+    _graph_replay_equals(args, outs[1])                          # PASS_OWNERS=1 still set
+
+
 @pytest.mark.parametrize("M", [1, 2, 3])
 @pytest.mark.parametrize("ks,wd", [(4, 2), (4, 4), (2, 2)])
 def test_moe_down_ax_bit_identical(experts, M, ks, wd, monkeypatch):
