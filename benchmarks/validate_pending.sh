@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s130           # (not run) every MLA GPU test with session 34's defaults (s124 ran out of time)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s129           # (not run) K3FUSE_MOE_PASS_OWNERS: tests, memcheck, A/Bs M = 64, 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s128           # (not run) ncu of the M = 64 layer's own kernels (MLA split, CMMA combine, up / down MMA)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s127           # (not run) TP8 M = 2, 4 rows with UPMMA; the variants' untimed buckets
@@ -748,6 +749,11 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s130 ]; then     # session 34 (not run): every MLA GPU test with the tensor-core combine (CMMA_BY_HEADS)
+    # and PV step (default) — s124's run of the same files hit its 280 s timeout at ~58% on a cold kernel cache, no
+    # failure before it; s125 ran the default-path subset (57 passed)
+    pytests mla_all 560 tests/test_mla_kernel_gpu.py tests/test_mla_heads_gpu.py
+    tar czf "$OUT/logs_s130.tgz" -C "$L" .
 elif [ "$part" = s129 ]; then     # session 34 (not run: written after the device time ran out): a CTA per pass of 16
     # members in the routed up / down on tensor cores (K3FUSE_MOE_PASS_OWNERS=1, opt-in): its bitwise GPU test, memcheck,
     # then paired A/Bs at M = 64 and 32 (prediction: -5..-20 us at M = 64 if the popular experts' serial passes are the
