@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s131           # (not run) K3FUSE_MOE_MEMBER_LISTS: tests, memcheck, A/Bs M = 64 (alone, with PASS_OWNERS, grid caps)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s130           # (not run) every MLA GPU test with session 34's defaults (s124 ran out of time)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s129           # (not run) K3FUSE_MOE_PASS_OWNERS: tests, memcheck, A/Bs M = 64, 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s128           # (not run) ncu of the M = 64 layer's own kernels (MLA split, CMMA combine, up / down MMA)
@@ -749,6 +750,17 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s131 ]; then     # session 34 (not run: written after the device time ran out): the down's member lists
+    # from the up kernel (K3FUSE_MOE_MEMBER_LISTS=1, opt-in): its bitwise GPU tests (alone and with PASS_OWNERS),
+    # memcheck, A/Bs at M = 64 (prediction -5..-10 us), on top of PASS_OWNERS, and the down's grid cap again with it
+    pytests member_lists 250 tests/test_moe_kernel_gpu.py -k "member_lists"
+    memcheck memcheck_mlist 200 tests/test_moe_kernel_gpu.py -k "member_lists and tp16 and 64"
+    ab_run mlist_m64 150 --var K3FUSE_MOE_MEMBER_LISTS=0,1 --kinds kda --tp 16,8 --ms 64,32 --pairs 8
+    K3FUSE_MOE_MEMBER_LISTS=1 ab_run mlist_pass_m64 100 --var K3FUSE_MOE_PASS_OWNERS=0,1 --kinds kda --tp 16,8 --ms 64 \
+        --pairs 8
+    K3FUSE_MOE_MEMBER_LISTS=1 ab_run mlist_ctas 100 --var K3FUSE_MOE_DOWN_CTAS=8192,16384 --kinds kda --tp 16 --ms 64 \
+        --pairs 8
+    tar czf "$OUT/logs_s131.tgz" -C "$L" .
 elif [ "$part" = s130 ]; then     # session 34 (not run): every MLA GPU test with the tensor-core combine (CMMA_BY_HEADS)
     # and PV step (default) — s124's run of the same files hit its 280 s timeout at ~58% on a cold kernel cache, no
     # failure before it; s125 ran the default-path subset (57 passed)

@@ -249,6 +249,21 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     return p
 
 
+def member_lists() -> bool:
+    """K3FUSE_MOE_MEMBER_LISTS=1 (opt-in, session 34, written after the device time ran out, not yet run on a GPU):
+    where both tensor-core kernels run with their ballot scans, the up kernel's CTAs of column block 0 (one per
+    (token, slot) pair, every step) write the pair's member list for the down: a count (0 where the pair owns no
+    down pass) and the members as token | slot mask << 8 (scratch [M, k] + [M, k, bucket] int32). The down kernel
+    reads its pair's count (one load: non-owners exit there) and list instead of scanning the M x k ids with its 256
+    threads, a ballot and two barriers. With K3FUSE_MOE_PASS_OWNERS the lists are per down pass. Bitwise the default
+    (the same members in the same order). Why: at M = 64 about 7 of 8 of the down's 8192 CTAs own nothing (~134-145
+    distinct experts for 1024 pairs) and each paid the 8 KB ids read, the vote and two barriers before exiting; that
+    cost is also what made its larger grids lose (TP16 M = 64: 8192 -> 16384 CTAs +13.0 us, session 33). Prediction:
+    the down -5..-10 us at M = 64, and larger grids (K3FUSE_MOE_DOWN_CTAS) worth re-measuring with it. Read at
+    render time."""
+    return os.environ.get("K3FUSE_MOE_MEMBER_LISTS", "0") == "1"
+
+
 def pass_owners() -> bool:
     """K3FUSE_MOE_PASS_OWNERS=1 (opt-in, session 34, written after the device time ran out, not yet run on a GPU): in
     the tensor-core up and down kernels (with their ballot scans), a CTA per pass of 16 member tokens instead of one
@@ -356,6 +371,9 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were
     params.update(up_mma(I, D, KT, bucket, group, cfg.get("UPMMA"), cfg.get("UCTAS")) or {})
     params.update(down_mma(I, D, KT, bucket, group, cfg.get("DOWNMMA"), cfg.get("DCTAS")) or {})
+    # the lists pack token | slot mask << 8 in an int32: k <= 23 slots
+    if params.get("UBAL") and params.get("DWE") and member_lists() and KT <= 23:
+        params["MLIST"] = True   # passed only when on: the other sources stay as they were
     return params
 
 
@@ -369,6 +387,7 @@ def render_source(E, I, D, KT, bucket, beta=4.0, lbeta=25.0, cfg: Optional[dict]
 
 _built: dict = {}
 _scratch_y: dict = {}    # compile key -> the kernel takes the tensor-core down's y [M, k, D] scratch (decided at build)
+_scratch_lists: dict = {}    # compile key -> it takes the member lists' scratch (MLIST: counts [M, k], lists [M, k, BM])
 
 
 def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta: float = 25.0,
@@ -380,7 +399,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
             os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
             os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""),
             os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we(), up_ballot(), os.environ.get("K3FUSE_MOE_UP_CTAS", ""),
-            pass_owners())
+            pass_owners(), member_lists())
     k = _built.get(memo)
     if k is not None:
         return k
@@ -390,6 +409,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     k = compile_source(src, arch, load=load, meta=meta)
     _scratch_y[k.key] = down_mma(I, D, KT, bucket, bool(cfg["GROUP"]) and bucket > 1, cfg.get("DOWNMMA"),
                                   cfg.get("DCTAS")) is not None
+    _scratch_lists[k.key] = "MLIST" in template_params(E, I, D, KT, bucket, cfg, beta, lbeta)
     _built[memo] = k
     return k
 
@@ -405,10 +425,13 @@ def moe_experts(z, ids, weights, w13, w2, beta: float, linear_beta: float, cfg: 
     k = build(E, I, D, KT, bucket_for(M), beta, linear_beta, cfg)
     a = scratch if scratch is not None else torch.empty(M, KT, I, dtype=torch.bfloat16, device=z.device)
     y = out if out is not None else torch.empty(M, D, dtype=torch.bfloat16, device=z.device)
+    extra = []
     if _scratch_y[k.key]:        # the per-slot y of the tensor-core down, for its combine
-        k(z, ids, weights, w13, w2, a, y, torch.empty(M, KT, D, dtype=torch.bfloat16, device=z.device))
-    else:
-        k(z, ids, weights, w13, w2, a, y)
+        extra.append(torch.empty(M, KT, D, dtype=torch.bfloat16, device=z.device))
+    if _scratch_lists[k.key]:    # the down's member lists, written by the up kernel every step
+        extra += [torch.empty(M, KT, dtype=torch.int32, device=z.device),
+                  torch.empty(M, KT, bucket_for(M), dtype=torch.int32, device=z.device)]
+    k(z, ids, weights, w13, w2, a, y, *extra)
     return y
 
 

@@ -248,6 +248,41 @@ def test_pass_owners_compile(arch, tp, b, monkeypatch):
     assert "rank %" not in me.render_source(E, I, D, KT, b)[0]
 
 
+@pytest.mark.parametrize("arch,tp,b,passes", [("sm_90a", 16, 64, "0"), ("sm_100a", 8, 32, "1")])
+def test_member_lists_compile(arch, tp, b, passes, monkeypatch):
+    """K3FUSE_MOE_MEMBER_LISTS=1 (opt-in, not yet run on a GPU): the tensor-core up writes the down's member lists,
+    the down reads them. Unset or 0, the sources are the default's byte for byte; on, the down kernel has no ids scan
+    (no ballot, one CTA barrier instead of the scan's two), takes the two list tensors, keeps its MMAs, no local
+    memory; the up kernel stores the lists. Not taken without the ballot scans."""
+    I = I_TP[tp]
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    monkeypatch.setenv("K3FUSE_MOE_PASS_OWNERS", passes)
+    monkeypatch.delenv("K3FUSE_MOE_MEMBER_LISTS", raising=False)
+    default = me.render_source(E, I, D, KT, b)[0]
+    monkeypatch.setenv("K3FUSE_MOE_MEMBER_LISTS", "0")
+    assert me.render_source(E, I, D, KT, b)[0] == default
+    off = me.build(E, I, D, KT, b, arch=arch, load=False)
+    monkeypatch.setenv("K3FUSE_MOE_MEMBER_LISTS", "1")
+    src = me.render_source(E, I, D, KT, b)[0]
+    assert "mMem[m, j, tidx] = " in src and "mv = mMem[m, j, tidx]" in src
+    k = me.build(E, I, D, KT, b, arch=arch, load=False)
+    assert me._scratch_lists[k.key] and not me._scratch_lists[off.key]
+    ks, ks_off = (entries(open(x.files["kernel.ptx"]).read()) for x in (k, off))
+    bars = r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0"
+    d, d_off = ks["down_mma_kernel"], ks_off["down_mma_kernel"]
+    assert "vote.sync.ballot" in d_off and "vote.sync.ballot" not in d
+    assert len(re.findall(bars, d)) == len(re.findall(bars, d_off)) - 1
+    for name in ("up_mma_kernel", "down_mma_kernel"):
+        mma = r"mma\.sync\.aligned\.m16n8k16"
+        assert len(re.findall(mma, ks[name])) == len(re.findall(mma, ks_off[name]))
+        assert "ld.local" not in ks[name] and "st.local" not in ks[name]
+    assert len(re.findall(r"st\.global\.u32|st\.global\.b32", ks["up_mma_kernel"])) > \
+        len(re.findall(r"st\.global\.u32|st\.global\.b32", ks_off["up_mma_kernel"]))
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", "0")
+    assert "mMem" not in me.render_source(E, I, D, KT, b)[0]
+
+
 def test_down_mma_follows_the_table(monkeypatch):
     """The H200 table's DOWNMMA (measured per shape and bucket) picks the down kernel where the variable is unset: on
     at TP16 buckets 32 and 64 and TP8 buckets 8-64, off at TP16 buckets 8 and 16 (measured slower there; bucket 16 is an

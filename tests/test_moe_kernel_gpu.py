@@ -248,6 +248,28 @@ def test_moe_pass_owners_bit_identical(experts, M, monkeypatch):
     _graph_replay_equals(args, outs[1])                          # PASS_OWNERS=1 still set
 
 
+@pytest.mark.parametrize("M", [17, 64])
+@pytest.mark.parametrize("passes", ["0", "1"])
+def test_moe_member_lists_bit_identical(experts, M, passes, monkeypatch):
+    """K3FUSE_MOE_MEMBER_LISTS=1 (the up kernel writes each pair's member list, the down reads it instead of scanning
+    ids; opt-in, written in session 34 after the device time ran out), alone and with K3FUSE_MOE_PASS_OWNERS: the
+    NaN-poisoned output equals the default's bit for bit with slot 2 one expert for every token (2 / 4 passes),
+    matches the reference, and replays so in a CUDA graph (the lists rewritten inside it)."""
+    from k3fuse.codegen import moe_experts as me
+    I = experts[0]
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    monkeypatch.setenv("K3FUSE_MOE_PASS_OWNERS", passes)
+
+    def rendered(on):
+        return ("mMem[m, j, tidx]" in me.render_source(E, I, D, KT, bucket_for(M))[0]) == (on == "1")
+    args, outs = _variant_runs(experts, M, 9700 + 10 * M + I, "K3FUSE_MOE_MEMBER_LISTS", ("0", "1"), monkeypatch,
+                               rendered)
+    assert torch.equal(outs[1], outs[0])
+    assert rel(outs[1], reference(*args)) < 1e-2
+    _graph_replay_equals(args, outs[1])                          # MEMBER_LISTS=1 still set
+
+
 @pytest.mark.parametrize("M", [1, 2, 3])
 @pytest.mark.parametrize("ks,wd", [(4, 2), (4, 4), (2, 2)])
 def test_moe_down_ax_bit_identical(experts, M, ks, wd, monkeypatch):
