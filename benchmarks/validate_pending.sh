@@ -35,9 +35,9 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s131           # (not run) K3FUSE_MOE_MEMBER_LISTS: tests, memcheck, A/Bs M = 64 (alone, with PASS_OWNERS, grid caps)
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s131           # (not run) s129's follow-ups: member lists at M = 32, with PASS_OWNERS, the down's grid cap
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s130           # (not run) every MLA GPU test with session 34's defaults (s124 ran out of time)
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s129           # (not run) K3FUSE_MOE_PASS_OWNERS: tests, memcheck, A/Bs M = 64, 32
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s129           # (not run) K3FUSE_MOE_PASS_OWNERS + K3FUSE_MOE_MEMBER_LISTS: tests, memcheck, A/Bs M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s128           # (not run) ncu of the M = 64 layer's own kernels (MLA split, CMMA combine, up / down MMA)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s127           # (not run) TP8 M = 2, 4 rows with UPMMA; the variants' untimed buckets
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s126           # s119's MoE MMA A/Bs at small M (no ncu)
@@ -750,12 +750,9 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
-elif [ "$part" = s131 ]; then     # session 34 (not run: written after the device time ran out): the down's member lists
-    # from the up kernel (K3FUSE_MOE_MEMBER_LISTS=1, opt-in): its bitwise GPU tests (alone and with PASS_OWNERS),
-    # memcheck, A/Bs at M = 64 (prediction -5..-10 us), on top of PASS_OWNERS, and the down's grid cap again with it
-    pytests member_lists 250 tests/test_moe_kernel_gpu.py -k "member_lists"
-    memcheck memcheck_mlist 200 tests/test_moe_kernel_gpu.py -k "member_lists and tp16 and 64"
-    ab_run mlist_m64 150 --var K3FUSE_MOE_MEMBER_LISTS=0,1 --kinds kda --tp 16,8 --ms 64,32 --pairs 8
+elif [ "$part" = s131 ]; then     # session 34 (not run): follow-ups if s129's A/Bs win: M = 32, both opt-ins together,
+    # the down's grid cap again with the member lists (a non-owner CTA then costs one load)
+    ab_run mlist_m32 120 --var K3FUSE_MOE_MEMBER_LISTS=0,1 --kinds kda --tp 16,8 --ms 32 --pairs 8
     K3FUSE_MOE_MEMBER_LISTS=1 ab_run mlist_pass_m64 100 --var K3FUSE_MOE_PASS_OWNERS=0,1 --kinds kda --tp 16,8 --ms 64 \
         --pairs 8
     K3FUSE_MOE_MEMBER_LISTS=1 ab_run mlist_ctas 100 --var K3FUSE_MOE_DOWN_CTAS=8192,16384 --kinds kda --tp 16 --ms 64 \
@@ -766,14 +763,14 @@ elif [ "$part" = s130 ]; then     # session 34 (not run): every MLA GPU test wit
     # failure before it; s125 ran the default-path subset (57 passed)
     pytests mla_all 560 tests/test_mla_kernel_gpu.py tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s130.tgz" -C "$L" .
-elif [ "$part" = s129 ]; then     # session 34 (not run: written after the device time ran out): a CTA per pass of 16
-    # members in the routed up / down on tensor cores (K3FUSE_MOE_PASS_OWNERS=1, opt-in): its bitwise GPU test, memcheck,
-    # then paired A/Bs at M = 64 and 32 (prediction: -5..-20 us at M = 64 if the popular experts' serial passes are the
-    # down's critical path; nothing at M <= 16)
-    pytests pass_owners 250 tests/test_moe_kernel_gpu.py -k "pass_owners"
-    memcheck memcheck_pass 200 tests/test_moe_kernel_gpu.py -k "pass_owners and tp16 and 40"
-    ab_run pass_m64 150 --var K3FUSE_MOE_PASS_OWNERS=0,1 --kinds kda --tp 16,8 --ms 64 --pairs 8
-    ab_run pass_m32 150 --var K3FUSE_MOE_PASS_OWNERS=0,1 --kinds kda --tp 16,8 --ms 32 --pairs 8
+elif [ "$part" = s129 ]; then     # session 34 (not run: written after the device time ran out): the routed experts'
+    # two opt-ins, K3FUSE_MOE_PASS_OWNERS (a CTA per pass of 16 members) and K3FUSE_MOE_MEMBER_LISTS (the down reads
+    # member lists written by the up instead of scanning ids): their bitwise GPU tests, memcheck, paired A/Bs at M = 64
+    # (predictions: each -5..-20 / -5..-10 us on the down)
+    pytests moe_s34 220 tests/test_moe_kernel_gpu.py -k "pass_owners or member_lists"
+    memcheck memcheck_s34 150 tests/test_moe_kernel_gpu.py -k "member_lists and tp16 and 64"
+    ab_run pass_m64 110 --var K3FUSE_MOE_PASS_OWNERS=0,1 --kinds kda --tp 16,8 --ms 64 --pairs 8
+    ab_run mlist_m64 110 --var K3FUSE_MOE_MEMBER_LISTS=0,1 --kinds kda --tp 16,8 --ms 64 --pairs 8
     tar czf "$OUT/logs_s129.tgz" -C "$L" .
 elif [ "$part" = s128 ]; then     # session 34 (not run): where the M = 64 layer's own kernels stand after session 34's
     # changes: the MLA split kernel (TP16 48 us for ~18 us of cache bytes: not bandwidth, and the tensor-core PV step
