@@ -21,6 +21,10 @@ Variants (session 15; the kernels are @cute.jit phase functions that each kernel
   not measured faster, see there), K3FUSE_MLA_ONE_KERNEL=0 / 1 turns it off / on everywhere.
 - MMA (mma_scores; default since session 16, K3FUSE_MLA_MMA=0 turns it off): the score step on tensor cores.
   Measured 2026-12-02 (H200, layer_ab MLA + MoE): -1.1 / -2.9 us at TP16 M = 1 / 8, -3.4 / -10.3 at TP8.
+- PVMMA (pv_mma; default since session 34, K3FUSE_MLA_PVMMA=0 turns it off): the PV step on tensor cores too.
+- CMMA (combine_mma_choice; the default where CMMA_BY_HEADS lists the bucket, session 34): the combine as one CTA per
+  (head, 8 tokens) with W_UV on tensor cores (three launches only).
+(The "all dot products on CUDA cores" estimate above is the first version's.)
 
 Compile-time: h (and its padding HP), n, v, r, C, the q dtype, the scale, the tile TT (tokens per shared-memory tile),
 threads, and the arch. Runtime: M, T and NS (splits per row, chosen by n_splits() from M, T and the SM count; the
