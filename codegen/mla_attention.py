@@ -241,7 +241,7 @@ CMMA_MIN_BUCKET = 16      # K3FUSE_MLA_CMMA=1 takes the tensor-core combine from
 # heads per rank -> batch buckets where the tensor-core combine is the default (K3FUSE_MLA_CMMA unset). Measured on the
 # H200 (2026-12-04, RESULTS.md "Session 34", layer_ab.py --var K3FUSE_MLA_CMMA=0,1 --kinds mla, 8 ABBA pairs): TP8
 # (h = 12) M = 64 -15.6 us (8 / 8), 32 -10.3 (7 / 8), 16 -1.5 (6 / 8); TP16 (h = 6) M = 64 -3.6 (8 / 8), 32 +0.6
-# (2 / 8), 16 +5.8 (0 / 8): it wins where its grid (h x M / 8 CTAs: 96 at TP8 M = 64, 24 at TP16 M = 32) is large.
+# (2 / 8), 16 +5.8 (0 / 8): about even at a grid of h x M / 8 = 24 CTAs (TP8 M = 16, TP16 M = 32), a win above.
 CMMA_BY_HEADS: dict = {6: (64,), 12: (16, 32, 64)}
 CMMA_MAX_SPLITS = 64      # its per-warp merge weights in shared memory: NS <= this (n_splits() gives 16 at M = 64)
 CMMA_UD = 4               # its k-steps of 32 per W_UV load group (C = 512: 4 groups, double-buffered)
