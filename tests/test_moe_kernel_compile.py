@@ -216,36 +216,44 @@ def test_up_mma_ballot_scan_compiles(arch, tp, b, monkeypatch):
     assert "ld.local" not in up and "st.local" not in up
 
 
+def _opt_in_builds(var, arch, I, b, monkeypatch):
+    """The tensor-core up and down (both forced on) built for arch with the opt-in variable var off and on: asserts
+    that unset and "0" render the same source; returns (the source on, the PTX entries on, the PTX entries off, the
+    kernel on, the kernel off)."""
+    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    monkeypatch.delenv(var, raising=False)
+    default = me.render_source(E, I, D, KT, b)[0]
+    monkeypatch.setenv(var, "0")
+    assert me.render_source(E, I, D, KT, b)[0] == default
+    off = me.build(E, I, D, KT, b, arch=arch, load=False)
+    monkeypatch.setenv(var, "1")
+    src = me.render_source(E, I, D, KT, b)[0]
+    assert src != default
+    k = me.build(E, I, D, KT, b, arch=arch, load=False)
+    ks, ks_off = (entries(open(x.files["kernel.ptx"]).read()) for x in (k, off))
+    mma = r"mma\.sync\.aligned\.m16n8k16"
+    for name in ("up_mma_kernel", "down_mma_kernel"):
+        assert len(re.findall(mma, ks[name])) == len(re.findall(mma, ks_off[name]))
+        assert "ld.local" not in ks[name] and "st.local" not in ks[name]
+    return src, ks, ks_off, k, off
+
+
 @pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_100a", 8, 32)])
 def test_pass_owners_compile(arch, tp, b, monkeypatch):
     """K3FUSE_MOE_PASS_OWNERS=1 (opt-in, not yet run on a GPU): a CTA per pass of 16 members in the tensor-core up and
     down. Unset or 0, the sources are the default's byte for byte; on, both owner tests take the member's rank from
     the ballots (popc) and neither kernel loops over passes; the MMAs are the default's, no local memory. Without the
     ballot scans (which it needs) it is not taken."""
-    I = I_TP[tp]
-    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
-    monkeypatch.delenv("K3FUSE_MOE_PASS_OWNERS", raising=False)
-    default = me.render_source(E, I, D, KT, b)[0]
-    monkeypatch.setenv("K3FUSE_MOE_PASS_OWNERS", "0")
-    assert me.render_source(E, I, D, KT, b)[0] == default
-    off = me.build(E, I, D, KT, b, arch=arch, load=False)
-    monkeypatch.setenv("K3FUSE_MOE_PASS_OWNERS", "1")
-    src = me.render_source(E, I, D, KT, b)[0]
-    assert src != default and "rank % MG" in src and "rank % DMG" in src
+    src, ks, ks_off, _, _ = _opt_in_builds("K3FUSE_MOE_PASS_OWNERS", arch, I_TP[tp], b, monkeypatch)
+    assert "rank % MG" in src and "rank % DMG" in src
     assert "range(0, n, MG" not in src and "range(0, n, DMG" not in src
-    k = me.build(E, I, D, KT, b, arch=arch, load=False)
-    ks, ks_off = (entries(open(x.files["kernel.ptx"]).read()) for x in (k, off))
     for name in ("up_mma_kernel", "down_mma_kernel"):
-        body = ks[name]
-        assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", body)) == \
-            len(re.findall(r"mma\.sync\.aligned\.m16n8k16", ks_off[name]))
         # the rank: one popc more than the scan's (BM = 64: two ballot words, the lower one added by the unrolled loop)
-        assert len(re.findall(r"popc", body)) == len(re.findall(r"popc", ks_off[name])) + 1
-        assert "ld.local" not in body and "st.local" not in body
+        assert len(re.findall(r"popc", ks[name])) == len(re.findall(r"popc", ks_off[name])) + 1
     monkeypatch.setenv("K3FUSE_MOE_UP_BALLOT", "0")
     monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", "0")
-    assert "rank %" not in me.render_source(E, I, D, KT, b)[0]
+    assert "rank %" not in me.render_source(E, I_TP[tp], D, KT, b)[0]
 
 
 @pytest.mark.parametrize("arch,tp,b,passes", [("sm_90a", 16, 64, "0"), ("sm_100a", 8, 32, "1")])
@@ -254,33 +262,18 @@ def test_member_lists_compile(arch, tp, b, passes, monkeypatch):
     the down reads them. Unset or 0, the sources are the default's byte for byte; on, the down kernel has no ids scan
     (no ballot, one CTA barrier instead of the scan's two), takes the two list tensors, keeps its MMAs, no local
     memory; the up kernel stores the lists. Not taken without the ballot scans."""
-    I = I_TP[tp]
-    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
     monkeypatch.setenv("K3FUSE_MOE_PASS_OWNERS", passes)
-    monkeypatch.delenv("K3FUSE_MOE_MEMBER_LISTS", raising=False)
-    default = me.render_source(E, I, D, KT, b)[0]
-    monkeypatch.setenv("K3FUSE_MOE_MEMBER_LISTS", "0")
-    assert me.render_source(E, I, D, KT, b)[0] == default
-    off = me.build(E, I, D, KT, b, arch=arch, load=False)
-    monkeypatch.setenv("K3FUSE_MOE_MEMBER_LISTS", "1")
-    src = me.render_source(E, I, D, KT, b)[0]
+    src, ks, ks_off, k, off = _opt_in_builds("K3FUSE_MOE_MEMBER_LISTS", arch, I_TP[tp], b, monkeypatch)
     assert "mMem[m, j, tidx] = " in src and "mv = mMem[m, j, tidx]" in src
-    k = me.build(E, I, D, KT, b, arch=arch, load=False)
     assert me._scratch_lists[k.key] and not me._scratch_lists[off.key]
-    ks, ks_off = (entries(open(x.files["kernel.ptx"]).read()) for x in (k, off))
     bars = r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0"
     d, d_off = ks["down_mma_kernel"], ks_off["down_mma_kernel"]
     assert "vote.sync.ballot" in d_off and "vote.sync.ballot" not in d
     assert len(re.findall(bars, d)) == len(re.findall(bars, d_off)) - 1
-    for name in ("up_mma_kernel", "down_mma_kernel"):
-        mma = r"mma\.sync\.aligned\.m16n8k16"
-        assert len(re.findall(mma, ks[name])) == len(re.findall(mma, ks_off[name]))
-        assert "ld.local" not in ks[name] and "st.local" not in ks[name]
-    assert len(re.findall(r"st\.global\.u32|st\.global\.b32", ks["up_mma_kernel"])) > \
-        len(re.findall(r"st\.global\.u32|st\.global\.b32", ks_off["up_mma_kernel"]))
+    st32 = r"st\.global\.u32|st\.global\.b32"
+    assert len(re.findall(st32, ks["up_mma_kernel"])) > len(re.findall(st32, ks_off["up_mma_kernel"]))
     monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", "0")
-    assert "mMem" not in me.render_source(E, I, D, KT, b)[0]
+    assert "mMem" not in me.render_source(E, I_TP[tp], D, KT, b)[0]
 
 
 def test_down_mma_follows_the_table(monkeypatch):
