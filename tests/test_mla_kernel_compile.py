@@ -965,3 +965,46 @@ def test_mla_pv_mma_compiles(arch, h, one, monkeypatch):
     assert len(re.findall(mma, body)) == len(re.findall(mma, body_off)) + pv
     assert len(re.findall(r"movmatrix", body)) == K3["C"] // 128 * 4 * kbs
     assert "ld.local" not in body and "st.local" not in body
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("splits,gated", [((4, 1), True), ((8, 8), False)])
+def test_mla_qabsorb_tokens_compile(arch, splits, gated, monkeypatch, tmp_path, capfd):
+    """K3FUSE_MLA_QTB=N (opt-in, not yet run on a GPU): qabsorb over N tokens per CTA. Unset, 0 or 1, the sources are
+    the default's byte for byte; on, the three launches run qabsorb_tb_kernel with N capped by the q registers (4 at
+    bucket 64's 4 column splits, 8 at 8), the one-launch kernel is unchanged; the W_UK slice is loaded once per CTA
+    (RPT 16-byte loads, as the one-token kernel), the q_nope values once per token; no local memory, no ptxas spills
+    within the 128 registers of two CTAs per SM."""
+    pytest.importorskip("cutlass")
+    import cutlass.cute as cute
+    args = dict(h=12, **K3, scale=SCALE, splits=splits, append_eps=1e-6 if gated else None, gate=gated,
+                out_dtype="bfloat16" if gated else "float32")
+    monkeypatch.delenv("K3FUSE_MLA_QTB", raising=False)
+    default = ma.render_source(**args)
+    one = ma.render_source(**dict(args, splits=(1, 1)), one_g=64)
+    for v in ("0", "1"):
+        monkeypatch.setenv("K3FUSE_MLA_QTB", v)
+        assert ma.render_source(**args) == default
+    monkeypatch.setenv("K3FUSE_MLA_QTB", "17")
+    with pytest.raises(ValueError, match="at most 16"):
+        ma.render_source(**args)
+    monkeypatch.setenv("K3FUSE_MLA_QTB", "8")
+    qtb = 4 if splits == (4, 1) else 8
+    assert ma.qabsorb_tokens(False, K3["n"], K3["C"], splits[0]) == qtb
+    assert ma.render_source(**dict(args, splits=(1, 1)), one_g=64) == one
+    src = ma.render_source(**args, arch=arch)
+    assert f"QTB = {qtb} " in src and "qabsorb_tb_kernel(mQn" in src and "    qabsorb_kernel(mQn" not in src
+    body = entries(open(ma.build(**args, arch=arch, load=False).files["kernel.ptx"]).read())["qabsorb_tb_kernel"]
+    rpt = K3["n"] // (ma.QABSORB_THREADS // (K3["C"] // 8 // splits[0]))
+    if not gated:      # the append's own 16-byte loads aside
+        assert len(re.findall(r"ld\.global(?:\.[a-z0-9]+)*\.v4", body)) == rpt
+    # q_nope: once per (token, row); q_pe: in the rolled per-token store loop, one load per thread
+    assert len(re.findall(r"ld\.global(?:\.[a-z0-9]+)*\.[bu]16\b", body)) == qtb * rpt + 1
+    assert "ld.local" not in body and "st.local" not in body
+    mod = kcompile._import_source(src, f"mla_qtb_{arch}_{splits[0]}", tmp_path)
+    capfd.readouterr()
+    cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
+    out = "".join(capfd.readouterr())
+    m = re.search(r"entry function 'kernel_cutlass_qabsorb_tb_kernel.*?(\d+) bytes spill stores.*?Used (\d+) registers",
+                  out, re.S)
+    assert m and m.group(1) == "0" and int(m.group(2)) <= 128, out[-2000:]
