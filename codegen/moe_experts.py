@@ -407,9 +407,9 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     meta = dict(family=FAMILY, op=OP, shape=dict(E=E, I=I, D=D, k=KT), bucket=bucket, config=cfg,
                 template=TEMPLATE, beta=float(beta), lbeta=float(lbeta))
     k = compile_source(src, arch, load=load, meta=meta)
-    _scratch_y[k.key] = down_mma(I, D, KT, bucket, bool(cfg["GROUP"]) and bucket > 1, cfg.get("DOWNMMA"),
-                                  cfg.get("DCTAS")) is not None
-    _scratch_lists[k.key] = "MLIST" in template_params(E, I, D, KT, bucket, cfg, beta, lbeta)
+    params = template_params(E, I, D, KT, bucket, cfg, beta, lbeta)
+    _scratch_y[k.key] = "DOWNMMA" in params
+    _scratch_lists[k.key] = "MLIST" in params
     _built[memo] = k
     return k
 
