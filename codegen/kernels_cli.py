@@ -292,8 +292,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             pipe = mla_attention.pipe_for(b, h, mla_attention.mma_scores(mla_attention.padded_heads(h), r, C)) \
                 and (g or b * ns) <= PLAN_SMS
             # the combine on tensor cores, as the launcher chooses it (three launches, the bucket in CMMA_BY_HEADS)
-            cmma = g is None and ns <= mla_attention.CMMA_MAX_SPLITS and mla_attention.combine_mma_choice(b, h) \
-                and mla_attention.combine_mma_reason(v, C) is None
+            cmma = mla_attention.combine_mma_on(b, h, v, C, ns, g)
             by_splits.setdefault(splits + (pipe, g, cmma), []).append(b)
         for (qs, vs, pipe, g, cmma), bs in by_splits.items():
             # one head group: pass fuse_mla_append_and_gate's op (the cache append + output gate variant); more:

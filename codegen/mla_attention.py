@@ -276,8 +276,6 @@ def pv_unroll(arch: Optional[str]) -> bool:
 
 
 QTB_MAX = 16              # K3FUSE_MLA_QTB's ceiling: the tokens' q_nope rows in registers (RPT per token and thread)
-
-
 QTB_QREGS = 32            # q_nope values per thread the token block holds: QTB x RPT <= this (with the 128-register
                           # cap of two CTAs per SM, QTB 8 x RPT 8 spilled 132-184 bytes; 4 x 8 and 8 x 4 do not)
 
@@ -323,6 +321,12 @@ def combine_mma_choice(M: int, h: int) -> bool:
     if v:
         return v != "0" and b is not None and b >= CMMA_MIN_BUCKET
     return b in CMMA_BY_HEADS.get(h, ())
+
+
+def combine_mma_on(M: int, h: int, v: int, C: int, ns: int, one_g: Optional[int]) -> bool:
+    """The launcher's rule for the tensor-core combine (also what `k3fuse kernels` plans): three launches, NS within
+    CMMA_MAX_SPLITS, combine_mma_choice and widths it takes."""
+    return one_g is None and ns <= CMMA_MAX_SPLITS and combine_mma_choice(M, h) and combine_mma_reason(v, C) is None
 
 
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
@@ -620,7 +624,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     # the pipeline's registers (148 at h = 12, 182-186 with MMA scores, against <= 128 without) leave one CTA per
     # SM: where the grid fits
     pipe = pipe_for(M, h, mma_scores(padded_heads(h), r, C)) and (G or M * ns) <= sms
-    cmma = G is None and ns <= CMMA_MAX_SPLITS and combine_mma_choice(M, h) and combine_mma_reason(v, C) is None
+    cmma = combine_mma_on(M, h, v, C, ns, G)
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G,
                  pipe=pipe, cmma=cmma)

@@ -372,11 +372,16 @@ def test_mla_combine_batched_rows_at_bucket_64(h, gated, cbatch, monkeypatch, se
     check_append(40, 701, sl, h, gated, heads=False, splits=(4, 1))
 
 
-def _records_cmma(monkeypatch):
-    """The cmma argument of every build() the launcher makes from now on."""
+def _records_builds(monkeypatch):
+    """(keyword arguments, rendered source) of every build() the launcher makes from now on: which variant ran."""
     from k3fuse.codegen import mla_attention as ma
     seen, real = [], ma.build
-    monkeypatch.setattr(ma, "build", lambda *a, **k: seen.append(k.get("cmma")) or real(*a, **k))
+
+    def build(*a, **k):
+        kern = real(*a, **k)
+        seen.append((k, kern.source))
+        return kern
+    monkeypatch.setattr(ma, "build", build)
     return seen
 
 
@@ -387,11 +392,11 @@ def test_mla_combine_mma_matches_reference(M, h, n_split, monkeypatch, seed):
     CMMA_BY_HEADS lists the bucket): ragged seq_lens with garbage past them, M not a multiple of 8 (40), 1 to
     CMMA_MAX_SPLITS splits, NaN-poisoned output against the reference; the launcher built the CMMA kernel."""
     monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
-    seen = _records_cmma(monkeypatch)
+    seen = _records_builds(monkeypatch)
     args = inputs(M, h, 700, [(37 * i + 5) % 699 for i in range(M)])
     o = run_kernel(args, n_split=n_split, one=False)
     torch.cuda.synchronize()
-    assert seen == [True]
+    assert [k.get("cmma") for k, _ in seen] == [True]
     assert torch.isfinite(o).all()
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
@@ -402,10 +407,10 @@ def test_mla_combine_mma_append_gate_and_graph(h, gated, monkeypatch, seed):
     check_append; then the plain variant captured in a CUDA graph, output poisoned, replayed: bitwise the eager run."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
-    seen = _records_cmma(monkeypatch)
+    seen = _records_builds(monkeypatch)
     sl = [(37 * i + 5) % 700 for i in range(40)]
     check_append(40, 701, sl, h, gated, heads=False, splits=(4, 1))
-    assert seen == [True]
+    assert [k.get("cmma") for k, _ in seen] == [True]
     args = inputs(24, h, 300, [(13 * i + 7) % 299 for i in range(24)])
     want = run_kernel(args, n_split=16, one=False)
     out = torch.empty_like(want)
@@ -423,19 +428,22 @@ def test_mla_combine_mma_append_gate_and_graph(h, gated, monkeypatch, seed):
 @pytest.mark.parametrize("pipe", ["0", "1"])
 @pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
 def test_mla_pv_mma_matches_reference(M, T, seq_lens, h, pipe, one, monkeypatch, seed):
-    """K3FUSE_MLA_PVMMA (the split kernel's PV step on tensor cores; default 1 since session 34): the reference's answer with and without the tile pipeline, three launches and one, padded heads
-    (12 of an n-tile of 16), ragged seq_lens with garbage past them, outputs NaN-poisoned; and within 1e-4 of the
-    CUDA-core PV step: the cache is bf16 in both and p = hi + lo as bf16 halves is off by <= 2^-18 (~4e-6) of p, so
-    the two differ by that and the fp32 sums' order; 1e-4 leaves a ~25x margin."""
+    """K3FUSE_MLA_PVMMA (the split kernel's PV step on tensor cores; default 1 since session 34): the reference's
+    answer with and without the tile pipeline, three launches and one, padded heads (12 of an n-tile of 16), ragged
+    seq_lens with garbage past them, outputs NaN-poisoned, the launched source with / without the PV MMAs; and within
+    1e-4 of the CUDA-core PV step: the cache is bf16 in both and p = hi + lo as bf16 halves is off by <= 2^-18 (~4e-6)
+    of p, so the two differ by that and the fp32 sums' order; 1e-4 leaves a ~25x margin."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_PIPE", pipe)
     args = inputs(M, h, T, seq_lens)
     outs = []
+    seen = _records_builds(monkeypatch)
     for on in ("0", "1"):
         monkeypatch.setenv("K3FUSE_MLA_PVMMA", on)
         assert ma.pv_mma(ma.padded_heads(h), R, C) == (on == "1")
         outs.append(run_kernel(args, one=one))
         torch.cuda.synchronize()
+    assert [("PMT = " in src) for _, src in seen] == [False, True]
     assert torch.isfinite(outs[1]).all()
     assert rel(outs[1], reference(*args, SCALE)) < 1e-2
     assert rel(outs[1], outs[0]) < 1e-4
@@ -450,12 +458,14 @@ def test_mla_qabsorb_tokens_bit_identical(M, h, monkeypatch, seed):
     from k3fuse.codegen import mla_attention as ma
     args = inputs(M, h, 700, [(37 * i + 5) % 699 for i in range(M)])
     outs = []
+    seen = _records_builds(monkeypatch)
     for v in ("0", "8"):
         monkeypatch.setenv("K3FUSE_MLA_QTB", v)
         qs = ma.fit_splits(N, V, C, ma.splits_for(M, h))[0]
         assert (ma.qabsorb_tokens(False, N, C, qs) > 1) == (v == "8")
         outs.append(run_kernel(args, one=False))
         torch.cuda.synchronize()
+    assert [("qabsorb_tb_kernel(mQn" in src) for _, src in seen] == [False, True]
     assert torch.isfinite(outs[1]).all()
     assert torch.equal(outs[1], outs[0])
     assert rel(outs[1], reference(*args, SCALE)) < 1e-2
