@@ -35,7 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s132           # (not run) K3FUSE_MLA_QTB: tests, memcheck, A/Bs M = 64, 32, 8
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s133           # MoE GPU tests with the member lists (default); TP8 M = 2, 4 rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s132           # (session 35) K3FUSE_MLA_QTB: tests, memcheck, A/Bs M = 64, 32, 8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s131           # (not run) s129's follow-ups: member lists at M = 32, with PASS_OWNERS, the down's grid cap
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s130           # (not run) every MLA GPU test with session 34's defaults (s124 ran out of time)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s129           # (not run) K3FUSE_MOE_PASS_OWNERS + K3FUSE_MOE_MEMBER_LISTS: tests, memcheck, A/Bs M = 64
@@ -751,6 +752,15 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s133 ]; then     # session 35: the member lists made the default (s129 / s131: -0.7..-4.8 us where
+    # taken): every MoE GPU test and the per-bucket graph test with it, then s127's TP8 M = 2, 4 layer rows
+    pytests moe_all 240 tests/test_moe_kernel_gpu.py
+    pytests runtime 120 tests/test_runtime_gpu.py
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 2,4 --top 16 --tag _tp8_m24 \
+        > "$L/lb_tp8_m24.txt" 2>&1
+    echo "layer TP8 M=2,4 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_tp8_m24.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_tp8_m24.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s133.tgz" -C "$L" .
 elif [ "$part" = s132 ]; then     # session 34 (not run: written after the device time ran out): qabsorb over several
     # tokens per CTA (K3FUSE_MLA_QTB=8, opt-in; 4 at bucket 64's column splits): its bitwise GPU test, memcheck, A/Bs
     # (prediction: -4 / -8 us per MLA layer at TP16 / TP8 M = 64, about half at 32, ~0 at 8)
@@ -759,12 +769,12 @@ elif [ "$part" = s132 ]; then     # session 34 (not run: written after the devic
     ab_run qtb_m64 120 --var K3FUSE_MLA_QTB=0,8 --kinds mla --tp 16,8 --ms 64,32 --pairs 8
     ab_run qtb_m8 80 --var K3FUSE_MLA_QTB=0,8 --kinds mla --tp 8 --ms 8 --pairs 8
     tar czf "$OUT/logs_s132.tgz" -C "$L" .
-elif [ "$part" = s131 ]; then     # session 34 (not run): follow-ups if s129's A/Bs win: M = 32, both opt-ins together,
-    # the down's grid cap again with the member lists (a non-owner CTA then costs one load)
+elif [ "$part" = s131 ]; then     # session 35: s129's follow-ups (member lists won at M = 64: -3.9 / -3.8 us; pass
+    # owners lost +13.6 / +23.6, dropped): lists at M = 32 and TP8 M = 16, 8 (both tensor-core kernels there?), then
+    # the down's grid cap again with the lists (a non-owner CTA now costs one load)
     ab_run mlist_m32 120 --var K3FUSE_MOE_MEMBER_LISTS=0,1 --kinds kda --tp 16,8 --ms 32 --pairs 8
-    K3FUSE_MOE_MEMBER_LISTS=1 ab_run mlist_pass_m64 100 --var K3FUSE_MOE_PASS_OWNERS=0,1 --kinds kda --tp 16,8 --ms 64 \
-        --pairs 8
-    K3FUSE_MOE_MEMBER_LISTS=1 ab_run mlist_ctas 100 --var K3FUSE_MOE_DOWN_CTAS=8192,16384 --kinds kda --tp 16 --ms 64 \
+    ab_run mlist_small 100 --var K3FUSE_MOE_MEMBER_LISTS=0,1 --kinds kda --tp 8 --ms 16,8 --pairs 8
+    K3FUSE_MOE_MEMBER_LISTS=1 ab_run mlist_ctas 100 --var K3FUSE_MOE_DOWN_CTAS=8192,16384 --kinds kda --tp 16 --ms 64,32 \
         --pairs 8
     tar czf "$OUT/logs_s131.tgz" -C "$L" .
 elif [ "$part" = s130 ]; then     # session 34 (not run): every MLA GPU test with the tensor-core combine (CMMA_BY_HEADS)

@@ -281,13 +281,14 @@ QTB_QREGS = 32            # q_nope values per thread the token block holds: QTB 
 
 
 def qabsorb_tokens(one: bool, n: int = 128, C: int = 512, qs: int = 8) -> int:
-    """K3FUSE_MLA_QTB=N (opt-in, session 34, written after the device time ran out, not yet run on a GPU; 0 or 1 =
-    off): the three launches' qabsorb as a CTA per (head, N tokens, column split), its W_UK[hd] slice loaded once
+    """K3FUSE_MLA_QTB=N (opt-in, session 34; measured slower, kept off; 0 or 1 = off): the three launches' qabsorb as a CTA per (head, N tokens, column split), its W_UK[hd] slice loaded once
     into registers and applied to the N tokens, each token's sums and stores the one-token kernel's (bitwise).
     Why: at M = 64 qabsorb took 7.0 / 12.2 us (TP16 / TP8, s124) for < 2 MB of distinct bytes: its 2048 / 4096 CTAs
     each read a 32 KB slice of W_UK from L2 for one token, 64 / 128 MB of L2 reads per call, about its time at ~10
     TB/s. Prediction at N = 8: qabsorb ~2-3 us, -4 / -8 us per MLA layer at M = 64, about half at M = 32; nothing
-    at M = 1 (one token per CTA either way). Capped so that QTB x RPT <= QTB_QREGS (n, C, qs: the q_nope width, the
+    at M = 1 (one token per CTA either way). Measured on the H200 (2026-12-04, session 35, MLA + MoE layer,
+    layer_ab, 8 pairs, N = 0 -> 8, us per layer): TP16 M = 64 +2.0 (3 / 8 faster), M = 32 +2.8 (0 / 8); TP8 M = 64
+    -1.5 (6 / 8), M = 32 +2.5 (0 / 8), M = 8 +7.3 (0 / 8). Capped so that QTB x RPT <= QTB_QREGS (n, C, qs: the q_nope width, the
     latent width, the column splits). Read when a kernel is rendered (a kernel serves every M: the knob is per
     kernel, not per bucket)."""
     want = int(os.environ.get("K3FUSE_MLA_QTB", "0") or 0)

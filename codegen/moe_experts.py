@@ -250,22 +250,23 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
 
 
 def member_lists() -> bool:
-    """K3FUSE_MOE_MEMBER_LISTS=1 (opt-in, session 34, written after the device time ran out, not yet run on a GPU):
-    where both tensor-core kernels run with their ballot scans, the up kernel's CTAs of column block 0 (one per
-    (token, slot) pair, every step) write the pair's member list for the down: a count (0 where the pair owns no
-    down pass) and the members as token | slot mask << 8 (scratch [M, k] + [M, k, bucket] int32). The down kernel
-    reads its pair's count (one load: non-owners exit there) and list instead of scanning the M x k ids with its 256
-    threads, a ballot and two barriers. With K3FUSE_MOE_PASS_OWNERS the lists are per down pass. Bitwise the default
-    (the same members in the same order). Why: at M = 64 about 7 of 8 of the down's 8192 CTAs own nothing (~134-145
-    distinct experts for 1024 pairs) and each paid the 8 KB ids read, the vote and two barriers before exiting; that
-    cost is also what made its larger grids lose (TP16 M = 64: 8192 -> 16384 CTAs +13.0 us, session 33). Prediction:
-    the down -5..-10 us at M = 64, and larger grids (K3FUSE_MOE_DOWN_CTAS) worth re-measuring with it. Read at
-    render time."""
-    return os.environ.get("K3FUSE_MOE_MEMBER_LISTS", "0") == "1"
+    """K3FUSE_MOE_MEMBER_LISTS=1 (the default since session 35; 0 = the down kernel's own ids scan): where both
+    tensor-core kernels run with their ballot scans, the up kernel's CTAs of column block 0 (one per (token, slot)
+    pair, every step) write the pair's member list for the down: a count (0 where the pair owns no down pass) and the
+    members as token | slot mask << 8 (scratch [M, k] + [M, k, bucket] int32). The down kernel reads its pair's count
+    (one load: non-owners exit there) and list instead of scanning the M x k ids with its 256 threads, a ballot and
+    two barriers. With K3FUSE_MOE_PASS_OWNERS the lists are per down pass. Bitwise the default (the same members in
+    the same order). Why: at M = 64 about 7 of 8 of the down's 8192 CTAs own nothing (~134-145 distinct experts for
+    1024 pairs) and each paid the 8 KB ids read, the vote and two barriers before exiting.
+    Measured on the H200 (2026-12-04, session 35, KDA + MoE layer, layer_ab, 8 pairs, us per layer, 0 -> 1):
+    TP16 M = 64 -3.9 (8 / 8), M = 32 -4.5 (8 / 8); TP8 M = 64 -3.8 (7 / 8), M = 32 -0.7 (8 / 8), M = 16 -4.8 (8 / 8);
+    TP8 M = 8 does not take it (its up runs on CUDA cores). With it, the down's grid cap 8192 -> 16384 at TP16:
+    M = 64 -1.2 (7 / 8), M = 32 +4.3 (0 / 8): DOWN_CTAS kept. Read at render time."""
+    return os.environ.get("K3FUSE_MOE_MEMBER_LISTS", "1") == "1"
 
 
 def pass_owners() -> bool:
-    """K3FUSE_MOE_PASS_OWNERS=1 (opt-in, session 34, written after the device time ran out, not yet run on a GPU): in
+    """K3FUSE_MOE_PASS_OWNERS=1 (opt-in, session 34; measured slower, kept off): in
     the tensor-core up and down kernels (with their ballot scans), a CTA per pass of 16 member tokens instead of one
     per chosen expert: the pair (m, j) owns a pass when m's rank among the tokens that chose e (popc of the scan's
     ballots) is a multiple of 16 and j is m's lowest slot with e; it computes members rank .. rank + 15. Nothing else
@@ -275,7 +276,9 @@ def pass_owners() -> bool:
     expert with <= 16 members; the layer's routing is skewed (the ledger's moe bytes at M = 64: ~134-145 distinct
     experts for 1024 picks, ~7.6 members each on average), so such experts exist. Prediction: the down -5..-20 us at
     TP16 / TP8 M = 64 if those CTAs are its critical path, nothing where no expert has more than 16 members (M <= 16).
-    Read at render time."""
+    Measured on the H200 (2026-12-04, session 35, KDA + MoE layer, layer_ab, 8 pairs, member lists off): TP16 M = 64
+    +13.6 us (0 / 8 faster), TP8 +23.6 (1 / 8); not profiled (a guess: each pass CTA loads the expert's W tiles
+    again, so an expert's weight crosses L2 once per pass instead of once). Read at render time."""
     return os.environ.get("K3FUSE_MOE_PASS_OWNERS", "0") == "1"
 
 

@@ -970,7 +970,7 @@ def test_mla_pv_mma_compiles(arch, h, one, monkeypatch):
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("splits,gated", [((4, 1), True), ((8, 8), False)])
 def test_mla_qabsorb_tokens_compile(arch, splits, gated, monkeypatch, tmp_path, capfd):
-    """K3FUSE_MLA_QTB=N (opt-in, not yet run on a GPU): qabsorb over N tokens per CTA. Unset, 0 or 1, the sources are
+    """K3FUSE_MLA_QTB=N (opt-in, measured slower in session 35): qabsorb over N tokens per CTA. Unset, 0 or 1, the sources are
     the default's byte for byte; on, the three launches run qabsorb_tb_kernel with N capped by the q registers (4 at
     bucket 64's 4 column splits, 8 at 8), the one-launch kernel is unchanged; the W_UK slice is loaded once per CTA
     (RPT 16-byte loads, as the one-token kernel), the q_nope values once per token; no local memory, no ptxas spills

@@ -451,8 +451,8 @@ def test_mla_pv_mma_matches_reference(M, T, seq_lens, h, pipe, one, monkeypatch,
 
 @pytest.mark.parametrize("M,h", [(3, 6), (17, 12), (64, 6), (64, 12)])
 def test_mla_qabsorb_tokens_bit_identical(M, h, monkeypatch, seed):
-    """K3FUSE_MLA_QTB=8 (qabsorb over several tokens per CTA, its W_UK slice loaded once; opt-in, written in session 34
-    after the device time ran out): three launches, NaN-poisoned output bitwise the one-token qabsorb's, M not a
+    """K3FUSE_MLA_QTB=8 (qabsorb over several tokens per CTA, its W_UK slice loaded once; opt-in, measured
+    slower in session 35): three launches, NaN-poisoned output bitwise the one-token qabsorb's, M not a
     multiple of the token block too (3, 17); then the append + gate variant's checks with it (every token's cache
     row appended by the block CTAs of head 0)."""
     from k3fuse.codegen import mla_attention as ma

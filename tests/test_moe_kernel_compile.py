@@ -172,6 +172,7 @@ def test_down_mma_warp_epilogue_compiles(arch, tp, b, monkeypatch):
     stores and no local memory."""
     I = I_TP[tp]
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    monkeypatch.setenv("K3FUSE_MOE_MEMBER_LISTS", "0")    # the down's own scan (the lists replace it where the up has one)
     monkeypatch.delenv("K3FUSE_MOE_DOWN_WE", raising=False)
     default = me.render_source(E, I, D, KT, b)[0]
     monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", "0")
@@ -216,20 +217,20 @@ def test_up_mma_ballot_scan_compiles(arch, tp, b, monkeypatch):
     assert "ld.local" not in up and "st.local" not in up
 
 
-def _opt_in_builds(var, arch, I, b, monkeypatch):
-    """The tensor-core up and down (both forced on) built for arch with the opt-in variable var off and on: asserts
-    that unset and "0" render the same source; returns (the source on, the PTX entries on, the PTX entries off, the
-    kernel on, the kernel off)."""
+def _opt_in_builds(var, arch, I, b, monkeypatch, default_on=False):
+    """The tensor-core up and down (both forced on) built for arch with the variable var "0" and "1": asserts that
+    unset renders the source of "1" where default_on, else of "0"; returns (the source on, the PTX entries on, the PTX
+    entries off, the kernel on, the kernel off)."""
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
     monkeypatch.delenv(var, raising=False)
     default = me.render_source(E, I, D, KT, b)[0]
     monkeypatch.setenv(var, "0")
-    assert me.render_source(E, I, D, KT, b)[0] == default
+    assert (me.render_source(E, I, D, KT, b)[0] == default) != default_on
     off = me.build(E, I, D, KT, b, arch=arch, load=False)
     monkeypatch.setenv(var, "1")
     src = me.render_source(E, I, D, KT, b)[0]
-    assert src != default
+    assert (src == default) == default_on and src != open(off.files["kernel.py"]).read()
     k = me.build(E, I, D, KT, b, arch=arch, load=False)
     ks, ks_off = (entries(open(x.files["kernel.ptx"]).read()) for x in (k, off))
     mma = r"mma\.sync\.aligned\.m16n8k16"
@@ -241,10 +242,11 @@ def _opt_in_builds(var, arch, I, b, monkeypatch):
 
 @pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_100a", 8, 32)])
 def test_pass_owners_compile(arch, tp, b, monkeypatch):
-    """K3FUSE_MOE_PASS_OWNERS=1 (opt-in, not yet run on a GPU): a CTA per pass of 16 members in the tensor-core up and
+    """K3FUSE_MOE_PASS_OWNERS=1 (opt-in, measured slower in session 35): a CTA per pass of 16 members in the tensor-core up and
     down. Unset or 0, the sources are the default's byte for byte; on, both owner tests take the member's rank from
     the ballots (popc) and neither kernel loops over passes; the MMAs are the default's, no local memory. Without the
-    ballot scans (which it needs) it is not taken."""
+    ballot scans (which it needs) it is not taken. Measured alone: the member lists off."""
+    monkeypatch.setenv("K3FUSE_MOE_MEMBER_LISTS", "0")
     src, ks, ks_off, _, _ = _opt_in_builds("K3FUSE_MOE_PASS_OWNERS", arch, I_TP[tp], b, monkeypatch)
     assert "rank % MG" in src and "rank % DMG" in src
     assert "range(0, n, MG" not in src and "range(0, n, DMG" not in src
@@ -258,12 +260,13 @@ def test_pass_owners_compile(arch, tp, b, monkeypatch):
 
 @pytest.mark.parametrize("arch,tp,b,passes", [("sm_90a", 16, 64, "0"), ("sm_100a", 8, 32, "1")])
 def test_member_lists_compile(arch, tp, b, passes, monkeypatch):
-    """K3FUSE_MOE_MEMBER_LISTS=1 (opt-in, not yet run on a GPU): the tensor-core up writes the down's member lists,
-    the down reads them. Unset or 0, the sources are the default's byte for byte; on, the down kernel has no ids scan
+    """K3FUSE_MOE_MEMBER_LISTS=1 (the default since session 35): the tensor-core up writes the down's member lists,
+    the down reads them. Unset, the sources are those of 1 byte for byte; on, the down kernel has no ids scan
     (no ballot, one CTA barrier instead of the scan's two), takes the two list tensors, keeps its MMAs, no local
     memory; the up kernel stores the lists. Not taken without the ballot scans."""
     monkeypatch.setenv("K3FUSE_MOE_PASS_OWNERS", passes)
-    src, ks, ks_off, k, off = _opt_in_builds("K3FUSE_MOE_MEMBER_LISTS", arch, I_TP[tp], b, monkeypatch)
+    src, ks, ks_off, k, off = _opt_in_builds("K3FUSE_MOE_MEMBER_LISTS", arch, I_TP[tp], b, monkeypatch,
+                                              default_on=True)
     assert "mMem[m, j, tidx] = " in src and "mv = mMem[m, j, tidx]" in src
     assert me._scratch_lists[k.key] and not me._scratch_lists[off.key]
     bars = r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0"
