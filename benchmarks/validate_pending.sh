@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s134           # DOWNMMA at TP8 M = 2, 4; UPMMA at TP16 M = 16, 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s133           # MoE GPU tests with the member lists (default); TP8 M = 2, 4 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s132           # (session 35) K3FUSE_MLA_QTB: tests, memcheck, A/Bs M = 64, 32, 8
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s131           # (not run) s129's follow-ups: member lists at M = 32, with PASS_OWNERS, the down's grid cap
@@ -752,6 +753,12 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s134 ]; then     # session 35, the last ~4 min of device time: two of s127's never-timed variant
+    # buckets: the tensor-core down at TP8 M = 2, 4 (off by the heuristic below bucket 32; the up won -25 us at TP8 M = 4
+    # in session 34), the tensor-core up at TP16 M = 16, 32 (on by the heuristic, never A/B'd)
+    ab_run dmma_tp8_small 100 --var K3FUSE_MOE_DOWN_MMA=0,1 --kinds kda --tp 8 --ms 2,4 --pairs 8
+    ab_run umma_tp16_mid 100 --var K3FUSE_MOE_UP_MMA=0,1 --kinds kda --tp 16 --ms 16,32 --pairs 8
+    tar czf "$OUT/logs_s134.tgz" -C "$L" .
 elif [ "$part" = s133 ]; then     # session 35: the member lists made the default (s129 / s131: -0.7..-4.8 us where
     # taken): every MoE GPU test and the per-bucket graph test with it, then s127's TP8 M = 2, 4 layer rows
     pytests moe_all 240 tests/test_moe_kernel_gpu.py
