@@ -188,8 +188,6 @@ def up_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional[i
              CPC=cpc_for(I, 16, KT, bucket, ctas or (UP_MMA_CTAS if ballot else UP_CTAS)))
     if ballot:
         p["UBAL"] = True         # passed only when on: the other sources stay as they were
-        if pass_owners():
-            p["UPASS"] = True
     return p
 
 
@@ -244,8 +242,6 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     p = dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
     if down_we():
         p["DWE"] = True          # passed only when on: the other sources stay as they were
-        if pass_owners():
-            p["DPASS"] = True
     return p
 
 
@@ -255,31 +251,15 @@ def member_lists() -> bool:
     pair, every step) write the pair's member list for the down: a count (0 where the pair owns no down pass) and the
     members as token | slot mask << 8 (scratch [M, k] + [M, k, bucket] int32). The down kernel reads its pair's count
     (one load: non-owners exit there) and list instead of scanning the M x k ids with its 256 threads, a ballot and
-    two barriers. With K3FUSE_MOE_PASS_OWNERS the lists are per down pass. Bitwise the default (the same members in
-    the same order). Why: at M = 64 about 7 of 8 of the down's 8192 CTAs own nothing (~134-145 distinct experts for
+    two barriers. Bitwise the scan (the same members in the same order). Why: at M = 64 about 7 of 8 of the down's 8192 CTAs own nothing (~134-145 distinct experts for
     1024 pairs) and each paid the 8 KB ids read, the vote and two barriers before exiting.
     Measured on the H200 (2026-12-04, session 35, KDA + MoE layer, layer_ab, 8 pairs, us per layer, 0 -> 1):
     TP16 M = 64 -3.9 (8 / 8), M = 32 -4.5 (8 / 8); TP8 M = 64 -3.8 (7 / 8), M = 32 -0.7 (8 / 8), M = 16 -4.8 (8 / 8);
     TP8 M = 8 does not take it (its up runs on CUDA cores). With it, the down's grid cap 8192 -> 16384 at TP16:
-    M = 64 -1.2 (7 / 8), M = 32 +4.3 (0 / 8): DOWN_CTAS kept. Read at render time."""
+    M = 64 -1.2 (7 / 8), M = 32 +4.3 (0 / 8): DOWN_CTAS kept. Tried and removed (session 35): a CTA per pass of 16
+    members instead of one owner per chosen expert looping over its passes (K3FUSE_MOE_PASS_OWNERS, session 34):
+    TP16 / TP8 M = 64 +13.6 / +23.6 us. Read at render time."""
     return os.environ.get("K3FUSE_MOE_MEMBER_LISTS", "1") == "1"
-
-
-def pass_owners() -> bool:
-    """K3FUSE_MOE_PASS_OWNERS=1 (opt-in, session 34; measured slower, kept off): in
-    the tensor-core up and down kernels (with their ballot scans), a CTA per pass of 16 member tokens instead of one
-    per chosen expert: the pair (m, j) owns a pass when m's rank among the tokens that chose e (popc of the scan's
-    ballots) is a multiple of 16 and j is m's lowest slot with e; it computes members rank .. rank + 15. Nothing else
-    changes (the same grid, the same scan, each member's values computed by the same arithmetic: bitwise the
-    default). Why: an expert chosen by 64 tokens ran 4 passes one after another in one CTA (per RPC row blocks / CPC
-    column blocks): at M = 64 about 4 x 7 x 2 = 56 dependent load rounds for the down at TP16, against 14 for an
-    expert with <= 16 members; the layer's routing is skewed (the ledger's moe bytes at M = 64: ~134-145 distinct
-    experts for 1024 picks, ~7.6 members each on average), so such experts exist. Prediction: the down -5..-20 us at
-    TP16 / TP8 M = 64 if those CTAs are its critical path, nothing where no expert has more than 16 members (M <= 16).
-    Measured on the H200 (2026-12-04, session 35, KDA + MoE layer, layer_ab, 8 pairs, member lists off): TP16 M = 64
-    +13.6 us (0 / 8 faster), TP8 +23.6 (1 / 8); not profiled (a guess: each pass CTA loads the expert's W tiles
-    again, so an expert's weight crosses L2 once per pass instead of once). Read at render time."""
-    return os.environ.get("K3FUSE_MOE_PASS_OWNERS", "0") == "1"
 
 
 def down_we() -> bool:
@@ -402,7 +382,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
             os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
             os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""),
             os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we(), up_ballot(), os.environ.get("K3FUSE_MOE_UP_CTAS", ""),
-            pass_owners(), member_lists())
+            member_lists())
     k = _built.get(memo)
     if k is not None:
         return k

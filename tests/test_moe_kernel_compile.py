@@ -241,30 +241,11 @@ def _opt_in_builds(var, arch, I, b, monkeypatch, default_on=False):
 
 
 @pytest.mark.parametrize("arch,tp,b", [("sm_90a", 16, 64), ("sm_100a", 8, 32)])
-def test_pass_owners_compile(arch, tp, b, monkeypatch):
-    """K3FUSE_MOE_PASS_OWNERS=1 (opt-in, measured slower in session 35): a CTA per pass of 16 members in the tensor-core up and
-    down. Unset or 0, the sources are the default's byte for byte; on, both owner tests take the member's rank from
-    the ballots (popc) and neither kernel loops over passes; the MMAs are the default's, no local memory. Without the
-    ballot scans (which it needs) it is not taken. Measured alone: the member lists off."""
-    monkeypatch.setenv("K3FUSE_MOE_MEMBER_LISTS", "0")
-    src, ks, ks_off, _, _ = _opt_in_builds("K3FUSE_MOE_PASS_OWNERS", arch, I_TP[tp], b, monkeypatch)
-    assert "rank % MG" in src and "rank % DMG" in src
-    assert "range(0, n, MG" not in src and "range(0, n, DMG" not in src
-    for name in ("up_mma_kernel", "down_mma_kernel"):
-        # the rank: one popc more than the scan's (BM = 64: two ballot words, the lower one added by the unrolled loop)
-        assert len(re.findall(r"popc", ks[name])) == len(re.findall(r"popc", ks_off[name])) + 1
-    monkeypatch.setenv("K3FUSE_MOE_UP_BALLOT", "0")
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_WE", "0")
-    assert "rank %" not in me.render_source(E, I_TP[tp], D, KT, b)[0]
-
-
-@pytest.mark.parametrize("arch,tp,b,passes", [("sm_90a", 16, 64, "0"), ("sm_100a", 8, 32, "1")])
-def test_member_lists_compile(arch, tp, b, passes, monkeypatch):
+def test_member_lists_compile(arch, tp, b, monkeypatch):
     """K3FUSE_MOE_MEMBER_LISTS=1 (the default since session 35): the tensor-core up writes the down's member lists,
     the down reads them. Unset, the sources are those of 1 byte for byte; on, the down kernel has no ids scan
     (no ballot, one CTA barrier instead of the scan's two), takes the two list tensors, keeps its MMAs, no local
     memory; the up kernel stores the lists. Not taken without the ballot scans."""
-    monkeypatch.setenv("K3FUSE_MOE_PASS_OWNERS", passes)
     src, ks, ks_off, k, off = _opt_in_builds("K3FUSE_MOE_MEMBER_LISTS", arch, I_TP[tp], b, monkeypatch,
                                               default_on=True)
     assert "mMem[m, j, tidx] = " in src and "mv = mMem[m, j, tidx]" in src

@@ -227,40 +227,16 @@ def test_moe_up_mma_ballot_bit_identical(experts, M, monkeypatch):
     assert rel(outs[1], reference(*args)) < 1e-2
 
 
-@pytest.mark.parametrize("M", [17, 40, 64])
-def test_moe_pass_owners_bit_identical(experts, M, monkeypatch):
-    """K3FUSE_MOE_PASS_OWNERS=1 (a CTA per pass of 16 members in the tensor-core up and down; opt-in, measured
-    slower in session 35): with slot 2 one expert for every token (2, 3, 4 passes at M = 17, 40,
-    64; the last one partial at 17 and 40) the NaN-poisoned output equals the default's bit for bit (each member's
-    values by the same arithmetic, in another CTA), matches the reference, and replays so in a CUDA graph."""
-    from k3fuse.codegen import moe_experts as me
-    I = experts[0]
-    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
-    monkeypatch.setenv("K3FUSE_MOE_MEMBER_LISTS", "0")          # alone (with the lists: the member-lists test)
-
-    def rendered(on):
-        src = me.render_source(E, I, D, KT, bucket_for(M))[0]
-        return (("rank % MG" in src) and ("rank % DMG" in src)) == (on == "1")
-    args, outs = _variant_runs(experts, M, 9500 + 10 * M + I, "K3FUSE_MOE_PASS_OWNERS", ("0", "1"), monkeypatch,
-                               rendered)
-    assert torch.equal(outs[1], outs[0])
-    assert rel(outs[1], reference(*args)) < 1e-2
-    _graph_replay_equals(args, outs[1])                          # PASS_OWNERS=1 still set
-
-
 @pytest.mark.parametrize("M", [17, 64])
-@pytest.mark.parametrize("passes", ["0", "1"])
-def test_moe_member_lists_bit_identical(experts, M, passes, monkeypatch):
+def test_moe_member_lists_bit_identical(experts, M, monkeypatch):
     """K3FUSE_MOE_MEMBER_LISTS=1 (the up kernel writes each pair's member list, the down reads it instead of scanning
-    ids; the default since session 35), alone and with K3FUSE_MOE_PASS_OWNERS: the
-    NaN-poisoned output equals the default's bit for bit with slot 2 one expert for every token (2 / 4 passes),
+    ids; the default since session 35): the NaN-poisoned output equals the ids scan's bit for bit with slot 2 one
+    expert for every token (2 / 4 passes),
     matches the reference, and replays so in a CUDA graph (the lists rewritten inside it)."""
     from k3fuse.codegen import moe_experts as me
     I = experts[0]
     monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
-    monkeypatch.setenv("K3FUSE_MOE_PASS_OWNERS", passes)
 
     def rendered(on):
         return ("mMem[m, j, tidx]" in me.render_source(E, I, D, KT, bucket_for(M))[0]) == (on == "1")
