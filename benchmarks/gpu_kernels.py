@@ -151,7 +151,17 @@ def gemv_err(k, M, N, K, trials=2):
     return max(errs)
 
 
-def bench_gemv(shapes, ms, tune_ms, copy_bw, results):
+def tune_candidates(N, K, b, arch, variants=None):
+    """The configs --tune times for one (shape, bucket): gemv.candidates, plus the wgmma variant's on an sm_90a
+    device; only the variants in `variants` where given (--variants)."""
+    from k3fuse.codegen import gemv
+    cands = gemv.candidates(N, K, b)
+    if gemv.wg_arch_supports(arch) is None:
+        cands += gemv.wg_candidates(N, K, b)
+    return [c for c in cands if not variants or c["variant"] in variants]
+
+
+def bench_gemv(shapes, ms, tune_ms, copy_bw, results, arch, variants=None):
     from k3fuse.codegen import gemv
     from k3fuse.codegen.buckets import bucket_for
     table = {}
@@ -169,7 +179,8 @@ def bench_gemv(shapes, ms, tune_ms, copy_bw, results):
             t_cublas2, _ = graph_time(lambda i: F.linear(x, ws[i % nrot]))
             t_cublas = min(t_cublas, t_cublas2)
             tabled = gemv.config_for(N, K, b)
-            cands = [tabled] + [c for c in gemv.candidates(N, K, b) if c != tabled] if M in tune_ms else [tabled]
+            cands = ([tabled] + [c for c in tune_candidates(N, K, b, arch, variants) if c != tabled] if M in tune_ms
+                     else [tabled])
             best = None
             for cfg in cands:
                 row = dict(family="gemv", N=N, K=K, M=M, bucket=b, config=cfg, wbytes=wbytes,
@@ -571,6 +582,7 @@ def main(argv=None):
     ap.add_argument("--tune", action="store_true", help="time every candidate config (else the table's / default)")
     ap.add_argument("--tune-ms", default="", help="batch sizes to tune (the others in --ms are verified)")
     ap.add_argument("--families", default="gemv")
+    ap.add_argument("--variants", default="", help="--tune: only these GEMV variants (e.g. wgmma,mma_sk) + the table's")
     ap.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 2))
     ap.add_argument("--only-small", action="store_true",
                     help="only the PDL on/off comparison on the 11 MB shapes (same as --families pdl)")
@@ -595,6 +607,7 @@ def main(argv=None):
     tune_ms = {int(m) for m in a.tune_ms.split(",") if m} or (set(ms) if a.tune else set())
     ms = sorted(set(ms) | tune_ms)
     fams = a.families.split(",")
+    variants = set(a.variants.split(",")) - {""}
     log(f"date {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())} gpu {torch.cuda.get_device_name()} "
         f"torch {torch.__version__} argv {sys.argv}")
     from k3fuse.codegen import gemv
@@ -606,7 +619,7 @@ def main(argv=None):
         for (N, K) in shapes:
             for M in ms:
                 b = bucket_for(M)
-                for cfg in (gemv.candidates(N, K, b) + [gemv.config_for(N, K, b)] if M in tune_ms
+                for cfg in (tune_candidates(N, K, b, arch, variants) + [gemv.config_for(N, K, b)] if M in tune_ms
                             else [gemv.config_for(N, K, b)]):
                     jobs.append(("gemv", (N, K, b), cfg, arch))
     if "pdl" in fams:
@@ -631,7 +644,7 @@ def main(argv=None):
     results = []
     tables = {}
     if "gemv" in fams:
-        tables.update(bench_gemv(shapes, ms, tune_ms, copy_bw, results))
+        tables.update(bench_gemv(shapes, ms, tune_ms, copy_bw, results, arch, variants))
     if "pdl" in fams:
         try:
             bench_pdl_small(copy_bw, results)

@@ -35,6 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s136           # (not run) the wgmma GEMM in the layer: A/Bs M = 16-64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s135           # (not run) the TMA + wgmma GEMM: tests, memcheck, shapes vs cuBLAS
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s134           # DOWNMMA at TP8 M = 2, 4; UPMMA at TP16 M = 16, 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s133           # MoE GPU tests with the member lists (default); TP8 M = 2, 4 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s132           # (session 35) K3FUSE_MLA_QTB: tests, memcheck, A/Bs M = 64, 32, 8
@@ -753,6 +755,36 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
     ab_run mma_tp16_m1 160 --var K3FUSE_MLA_HEADS_MMA=0,1 --kinds mla --tp 16 --ms 1 --pairs 16
     pytests heads 220 tests/test_mla_heads_gpu.py
     tar czf "$OUT/logs_s77.tgz" -C "$L" .
+elif [ "$part" = s135 ]; then     # session 35 (not run: written after the device time ran out): the TMA + wgmma skinny
+    # GEMM (gemv variant wgmma, K3FUSE_GEMV_WGMMA=1): its GPU tests (reference, graph, PDL chain), memcheck (a cluster of
+    # 8), then every K3 shape at M = 16, 32, 64 against cuBLAS and the tabled config (its candidates only), then the
+    # layer A/Bs (prediction: the 11-17 MB GEMMs at 60-80% of copy where cuBLAS has 30-47%; -10..-30 us per layer at
+    # M = 64)
+    pytests wgmma 240 tests/test_kernels_gpu.py -k wgmma
+    memcheck memcheck_wgmma 150 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168 and 17"
+    timeout 240 python3 benchmarks/gpu_kernels.py --out "$L/gk_wgmma" --shapes tp16,tp8 --ms 16,32,64 --tune \
+        --variants wgmma > "$L/gk_wgmma.txt" 2>&1
+    echo "gpu_kernels wgmma rc=$?" | tee -a "$S"
+    python3 - "$L/gk_wgmma/results.json" <<'PY' 2>&1 | tee -a "$S"
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["results"] if r.get("family") == "gemv"]
+print("N x K, M: cuBLAS us | tabled us | best wgmma us (KS, ST) | its % of copy")
+for key in sorted({(r["N"], r["K"], r["M"]) for r in rows}):
+    rs = [r for r in rows if (r["N"], r["K"], r["M"]) == key and r.get("ok")]
+    wg = [r for r in rs if r["config"]["variant"] == "wgmma"]
+    tab = [r for r in rs if r.get("tabled")]
+    if not rs:
+        print(key, "no ok rows"); continue
+    b = min(wg, key=lambda r: r["us"]) if wg else None
+    print(f"{key[0]} x {key[1]}, {key[2]}: {rs[0]['cublas_us']:.2f} | {tab[0]['us'] if tab else float('nan'):.2f} | "
+          + (f"{b['us']:.2f} ({b['config']['KS']}, {b['config']['ST']}) | {b['pct_copy']:.0f}%" if b else "-"))
+PY
+    cp "$L/gk_wgmma/results.json" "$OUT/gk_wgmma_results.json" 2>/dev/null
+    tar czf "$OUT/logs_s135.tgz" -C "$L" .
+elif [ "$part" = s136 ]; then     # session 35 (not run): s135's layer A/Bs, if its kernels beat cuBLAS somewhere
+    ab_run wgmma_m64 150 --var K3FUSE_GEMV_WGMMA=0,1 --kinds kda,mla --tp 16,8 --ms 64 --pairs 8
+    ab_run wgmma_m32 150 --var K3FUSE_GEMV_WGMMA=0,1 --kinds kda,mla --tp 16,8 --ms 32,16 --pairs 8
+    tar czf "$OUT/logs_s136.tgz" -C "$L" .
 elif [ "$part" = s134 ]; then     # session 35, the last ~4 min of device time: two of s127's never-timed variant
     # buckets: the tensor-core down at TP8 M = 2, 4 (off by the heuristic below bucket 32; the up won -25 us at TP8 M = 4
     # in session 34), the tensor-core up at TP16 M = 16, 32 (on by the heuristic, never A/B'd)

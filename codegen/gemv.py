@@ -24,7 +24,7 @@ from .render import render
 log = logging.getLogger("k3fuse.codegen")
 
 FAMILY = "gemv"
-VARIANTS = ("simt", "mma", "mma_sk")
+VARIANTS = ("simt", "mma", "mma_sk", "wgmma")
 
 
 def _divisors(n: int, options) -> list[int]:
@@ -56,6 +56,8 @@ def supports(N: int, K: int, bucket: Optional[int], cfg: Optional[dict] = None) 
                 return "reduction buffer over 48 KiB of shared memory"
         if cfg["variant"] == "mma_sk":
             return sk_supports(N, K, bucket, cfg)
+        if cfg["variant"] == "wgmma":
+            return wg_supports(N, K, bucket, cfg)
     return None
 
 
@@ -119,6 +121,85 @@ def sk_forced(N: int, K: int, bucket: int) -> Optional[dict]:
     if os.environ.get("K3FUSE_GEMV_SPLITK", "0") != "1" or bucket < SK_MIN_BUCKET:
         return None
     return sk_default(N, K, bucket)
+
+
+# ------------------------------------------------------------------------------------------ TMA + wgmma (wgmma)
+WG_BUCKETS = (16, 32, 64)   # the MMA's N is the bucket; below 16 the GEMVs run near the copy bandwidth (table)
+WG_ARCHES = ("sm_90a",)     # warpgroup MMA is Hopper's (sm_100a has tcgen05 instead)
+WG_KS_MAX = 8               # splits of K = CTAs per cluster (8: the portable cluster size)
+WG_ST = (4, 8)              # pipeline stages the tuner tries; (64 + BM) x 64 x 2 bytes each (16 KB at BM = 64)
+WG_GRID = 112               # the default aims at >= this many CTAs (132 SMs on an H200, clusters of KS)
+
+
+def wg_supports(N: int, K: int, bucket: int, cfg: dict) -> Optional[str]:
+    """None if the TMA + wgmma variant (templates/gemv_wgmma.py.jinja) takes this config, else why not. The arch is
+    checked where it is known (wg_arch_supports): the template compiles for sm_90a only."""
+    KS, ST = cfg["KS"], cfg["ST"]
+    if bucket not in WG_BUCKETS:
+        return f"wgmma needs a bucket in {WG_BUCKETS} (not {bucket})"
+    if cfg.get("pdl"):
+        return "wgmma has no L2-prefetch (pdl=1) prologue"
+    if N % 8:
+        return f"N={N} not a multiple of 8"
+    if not 1 <= KS <= WG_KS_MAX or K % (64 * KS):
+        return f"K={K} not a multiple of 64 * KS (KS={KS}, 1..{WG_KS_MAX})"
+    if not 2 <= ST <= 12:
+        return f"ST={ST} outside 2..12 stages"
+    if ST * (64 + bucket) * 64 * 2 + (64 * bucket * 4 if KS > 1 else 0) > 200 * 1024:
+        return f"ST={ST} stages at bucket {bucket} exceed 200 KiB of shared memory"
+    return None
+
+
+def wg_arch_supports(arch: str) -> Optional[str]:
+    return None if arch in WG_ARCHES else f"wgmma is sm_90a only (warpgroup MMA), not {arch}"
+
+
+def wg_config(N: int, K: int, bucket: int, KS: int, ST: int = 8) -> Optional[dict]:
+    """The wgmma config with KS splits and ST stages (capped at the CTA's k-tiles), or None where it does not apply."""
+    cfg = {"variant": "wgmma", "KS": KS, "ST": max(2, min(ST, K // (64 * KS)))}
+    return cfg if wg_supports(N, K, bucket, cfg) is None else None
+
+
+def wg_default(N: int, K: int, bucket: int) -> Optional[dict]:
+    """The wgmma config used where nothing is tabled (K3FUSE_GEMV_WGMMA=1): the fewest splits that give WG_GRID
+    CTAs (each CTA streams K / KS of its 64 rows; fewer splits mean fewer partial sums), 8 stages (a first guess,
+    not measured: 8 x 16 KB in flight per CTA at bucket 64)."""
+    tiles = -(-N // 64)
+    ks = [d for d in range(1, WG_KS_MAX + 1) if K % (64 * d) == 0]
+    if not ks:
+        return None
+    KS = next((d for d in ks if tiles * d >= WG_GRID), ks[-1])
+    return wg_config(N, K, bucket, KS)
+
+
+def wg_candidates(N: int, K: int, bucket: int) -> list[dict]:
+    """The wgmma configs the GPU tuner times on an sm_90 device (benchmarks/gpu_kernels.py): every split count up to
+    WG_KS_MAX whose grid is 0.5-4 waves, with 4 and 8 stages."""
+    tiles = -(-N // 64)
+    out = []
+    for KS in range(1, WG_KS_MAX + 1):
+        if K % (64 * KS) == 0 and WG_GRID // 2 <= tiles * KS <= 4 * 132:
+            for ST in WG_ST:
+                c = wg_config(N, K, bucket, KS, ST)
+                if c is not None and c not in out:
+                    out.append(c)
+    d = wg_default(N, K, bucket)
+    if d is not None and d not in out:
+        out.append(d)
+    return out
+
+
+def wg_forced(N: int, K: int, bucket: int) -> Optional[dict]:
+    """K3FUSE_GEMV_WGMMA=1: the wgmma variant at buckets 16-64 where it applies, on an sm_90 GPU (an A/B knob,
+    session 35: written without a GPU, not yet timed); otherwise None."""
+    if os.environ.get("K3FUSE_GEMV_WGMMA", "0") != "1" or bucket not in WG_BUCKETS:
+        return None
+    from .compile import current_arch
+    try:
+        arch = current_arch()
+    except Exception:                     # no CUDA device: nothing to launch on
+        return None
+    return None if wg_arch_supports(arch) else wg_default(N, K, bucket)
 
 
 def default_config(N: int, K: int, bucket: int) -> dict:
@@ -200,7 +281,7 @@ def _pdl_bases(N: int, K: int, bucket: int, cands: list[dict], most: int = 4) ->
 
 
 _CFG_KEYS = {"simt": ("variant", "R", "W"), "mma": ("variant", "W", "U", "WN", "RT", "KB"),
-             "mma_sk": ("variant", "WN", "KS", "SUB", "PF")}
+             "mma_sk": ("variant", "WN", "KS", "SUB", "PF"), "wgmma": ("variant", "KS", "ST")}
 _CFG_DEFAULTS = {"WN": 1, "RT": 1, "KB": 0, "PF": 0}
 
 
@@ -230,7 +311,7 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[d
     why = supports(N, K, bucket)
     if why:
         return None, why
-    forced = sk_forced(N, K, bucket)
+    forced = sk_forced(N, K, bucket) or wg_forced(N, K, bucket)
     if forced is not None:
         return forced, ""
     cfg = tuning.lookup(FAMILY, (N, K), bucket, gpu)
@@ -255,6 +336,8 @@ def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     if cfg["variant"] == "mma_sk":
         return dict(N=N, K=K, BM=bucket, NT=bucket // 8, WN=cfg["WN"], KS=cfg["KS"], SUB=cfg["SUB"],
                     PF=bool(cfg.get("PF", 0)))
+    if cfg["variant"] == "wgmma":
+        return dict(N=N, K=K, BM=bucket, KS=cfg["KS"], ST=cfg["ST"])
     if cfg["variant"] == "mma":
         S, W, U, KB = K // 32, cfg["W"], cfg["U"], int(cfg.get("KB", 0))
         return dict(N=N, K=K, BM=bucket, W=W, U=U, WN=cfg.get("WN", 1), RT=cfg.get("RT", 1), NT=max(1, bucket // 8),
@@ -355,6 +438,9 @@ def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optiona
 
 def _build(N, K, bucket, cfg, arch, load, fusion, compile_source):
     template, src, cfg = render_source(N, K, bucket, cfg, fusion)
+    why = wg_arch_supports(arch) if cfg["variant"] == "wgmma" else None
+    if why:
+        raise ValueError(why)
     meta = dict(family=FAMILY, op="k3fuse::linear", shape=dict(N=N, K=K), bucket=bucket, config=cfg,
                 template=template, fusion=fusion or {})
     return compile_source(src, arch, load=load, meta=meta)
@@ -464,8 +550,8 @@ def group_supports(Ns, K: int, bucket: Optional[int], cfg: Optional[dict] = None
         return f"{len(Ns)} members (grouped kernels take 2..{GROUP_MAX})"
     if min(Ns) < 1:
         return "an empty member"
-    if cfg is not None and cfg.get("variant") == "mma_sk":
-        return "the split-K variant has no grouped form (one launch per member)"
+    if cfg is not None and cfg.get("variant") in ("mma_sk", "wgmma"):
+        return f"the {cfg['variant']} variant has no grouped form (one launch per member)"
     # rows past a member's end (a partial last CTA, even a whole 16-row tile of it) re-read the member's last row
     # and are not stored, so any member size works with any config the concatenated shape supports
     return supports(_group_rows(Ns), K, bucket, cfg)

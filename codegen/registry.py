@@ -147,7 +147,7 @@ def _concurrent_fns(x, weights, situ_member: int = -1, beta=None, linear_beta=No
     """The group's GEMMs as callables for streams.run_concurrently (each member through k3fuse::linear's CUDA path,
     the SiTU member with its reference SiTU-GLU after it, the router's fp32 logits last), where K3FUSE_GROUP_STREAMS
     (streams.group_streams_min) takes a group of this many GEMMs and every member goes to the library at this M (the
-    tuning table's cuBLAS buckets); else None. Also the lowering's reason to keep the group ops whole there (on fake
+    tuning table's cuBLAS buckets) or to the wgmma variant (_not_concurrent); else None. Also the lowering's reason to keep the group ops whole there (on fake
     tensors: shapes and devices only)."""
     import torch
     from . import gemv
@@ -159,7 +159,7 @@ def _concurrent_fns(x, weights, situ_member: int = -1, beta=None, linear_beta=No
     ws = list(weights) + ([router_weight] if router_weight is not None else [])
     if not isinstance(M, int) or not 1 <= M <= MAX_M or len(ws) < least or x.dtype != torch.bfloat16:
         return None
-    if any(w.dtype != torch.bfloat16 or w.dim() != 2 or gemv.route(w.shape[0], K, M)[0] is not None
+    if any(w.dtype != torch.bfloat16 or w.dim() != 2 or _not_concurrent(gemv.route(w.shape[0], K, M)[0])
            for w in weights):
         return None
     fns = [(lambda w=w: linear_cuda(x, w)) for w in weights]
@@ -169,6 +169,12 @@ def _concurrent_fns(x, weights, situ_member: int = -1, beta=None, linear_beta=No
     if router_weight is not None:
         fns.append(lambda: torch.ops.k3fuse.router_logits(x, router_weight))
     return fns
+
+
+def _not_concurrent(cfg) -> bool:
+    """A member whose route is a generated GEMV kernel sized for the whole GPU; cuBLAS (None) and the wgmma variant
+    (K3FUSE_GEMV_WGMMA: grids of ~1 wave or less at K3's small shapes) run concurrently on side streams."""
+    return cfg is not None and cfg["variant"] != "wgmma"
 
 
 def _group_concurrently(x, fns, sizes):

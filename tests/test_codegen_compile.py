@@ -656,6 +656,7 @@ def _layer_kernel_sources():
         "gemv_mma": gemv.render_source(7168, 768, 8, {"variant": "mma", "W": 4, "U": 2, "WN": 1, "RT": 1, "KB": 1})[1],
         "gemv_group": gemv.render_group_source([768, 768, 1536], 7168, 1)[1],
         "gemv_mma_sk": gemv.render_source(7168, 3584, 64, gemv.sk_default(7168, 3584, 64))[1],
+        "gemv_wgmma": gemv.render_source(768, 7168, 64, gemv.wg_default(768, 7168, 64))[1],
         "mixnorm": frn.render_mixnorm(7168, 2, False, True, True, False, 1e-5, 1e-5, wm_pair=True),
         "kda": kr.render_source(128, "bfloat16", "bfloat16", -5.0, 2, fused=fused_kda),
         "topk": rt.render_source(896, 16, True, 2.5),
@@ -693,10 +694,15 @@ def test_pdl_chain_knob_renders_wait_first(monkeypatch):
                 assert pre and all(body.count("\n", 0, a) == body.count("\n", 0, pre[0]) for a in pre), name
                 assert body[pre[0]:].startswith("cute.copy(bulk, mW[hd, lane + 32 * i, None]"), (name, body[:300])
                 access = [a for a in access if a > wait]
+            if name == "gemv_wgmma":    # the first stages' weight tiles (TMA) are issued before the wait
+                pre = [a for a in access if a < wait]
+                assert pre and all(body[a:].startswith("cute.copy(tma_w, tWg[") for a in pre), (name, body[:300])
+                access = [a for a in access if a > wait]
             assert access, (name, body[:300])
             if name.startswith("gemv"):
                 assert body.count("griddepcontrol_launch_dependents()") == 1
-                assert 0 <= wait < min(access) and trig > body.rfind("cute.copy(vec, gW"), (name, body[:300])
+                last = max(body.rfind("cute.copy(vec, gW"), body.rfind("cute.copy(tma_x"))     # the main loop's
+                assert 0 <= wait < min(access) and trig > last, (name, body[:300])
             else:
                 assert 0 <= trig < wait < min(access), (name, body[:300])
         assert on[name].count("use_pdl=True") == len(bodies), name
@@ -797,3 +803,65 @@ def test_gemv_splitk_configs_and_route(monkeypatch):
     assert gemv.route(7168, 3584, 8, gpu="nvidia_h200")[0]["variant"] == "mma"
     cfg, why = gemv.group_route([3584, 768], 7168, 64)
     assert cfg is None and "split-K" in why
+
+
+# the TMA + wgmma variant (sm_90a only): (N, K, bucket, KS, ST); N = 3216 leaves a partial last row tile, KS > 1 is
+# a cluster whose CTAs sum their partials through distributed shared memory
+WG_CASES = [(768, 7168, 64, 8, 8), (7168, 768, 32, 1, 8), (3216, 7168, 16, 4, 4), (7168, 3584, 64, 2, 8)]
+
+
+@pytest.mark.parametrize("N,K,b,KS,ST", WG_CASES)
+def test_gemv_wgmma_compiles(N, K, b, KS, ST):
+    """sm_90a PTX: BK / 16 = 4 wgmma m64n{bucket}k16 bf16 MMAs in the (rolled) k-tile loop; the operands only by 2-D
+    TMA tile copies (prologue and main loop; the PDL chain's prologue issues the weights' and x's copies apart), no
+    global loads; the bf16 stores predicated per element; with KS > 1 the partials summed in rank order through
+    ld.shared::cluster (NACC x KS, each thread taking the entries of its rank) between cluster barriers; no local
+    memory."""
+    cfg = gemv.wg_config(N, K, b, KS, ST)
+    assert cfg == {"variant": "wgmma", "KS": KS, "ST": ST} and gemv.supports(N, K, b, cfg) is None
+    ptx = ptx_of(gemv.build(N, K, b, cfg, arch="sm_90a", load=False))
+    mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.f32\.bf16\.bf16", ptx)
+    assert mmas == [f"m64n{b}k16"] * 4, mmas
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global", ptx)) == 4
+    assert not global_loads(ptx)
+    assert set(re.findall(r"st\.global(?:\.[a-z0-9]+)*", ptx)) == {"st.global.b16"}
+    nacc = 64 * b // 128
+    assert len(re.findall(r"ld\.shared::cluster\.f32", ptx)) == (nacc * KS if KS > 1 else 0)
+    assert len(re.findall(r"barrier\.cluster\.wait", ptx)) == (2 if KS > 1 else 0)
+    assert "ld.local" not in ptx and "st.local" not in ptx
+
+
+def test_gemv_wgmma_configs_and_route(monkeypatch):
+    """The wgmma variant's rules: buckets 16-64, K a multiple of 64 * KS with KS <= 8, N a multiple of 8, the stages'
+    shared memory within 200 KiB, no pdl prologue; sm_90a only (a clear error for other targets); the default takes
+    the fewest splits that give WG_GRID CTAs; the tuner's wgmma candidates (timed on sm_90 devices only) are all
+    supported; K3FUSE_GEMV_WGMMA=1 routes k3fuse::linear to it only on an sm_90 device, and a grouped GEMV declines
+    it."""
+    from k3fuse.codegen import compile as kc
+    assert gemv.wg_supports(7168, 3584, 8, {"KS": 1, "ST": 8})                        # bucket 8
+    assert gemv.wg_supports(7168, 3584, 64, {"KS": 3, "ST": 8})                       # 3584 % 192
+    assert gemv.wg_supports(7168, 3584, 64, {"KS": 16, "ST": 4})                      # clusters of <= 8
+    assert gemv.wg_supports(7168, 3584, 64, {"KS": 2, "ST": 12})                      # 12 x 16 KB + 16 KB > 200 KiB
+    assert gemv.wg_supports(7168, 3584, 64, {"KS": 1, "ST": 8, "pdl": 1})
+    assert gemv.wg_supports(7168, 3584, 64, {"KS": 2, "ST": 8}) is None
+    assert gemv.wg_default(768, 7168, 64) == {"variant": "wgmma", "KS": 8, "ST": 8}   # 12 tiles x 8
+    assert gemv.wg_default(7168, 768, 32) == {"variant": "wgmma", "KS": 1, "ST": 8}   # 112 tiles
+    assert gemv.wg_default(7168, 384, 16) == {"variant": "wgmma", "KS": 1, "ST": 6}   # 6 k-tiles: 6 stages
+    assert gemv.wg_default(3584, 7168, 64) == {"variant": "wgmma", "KS": 2, "ST": 8}
+    for N, K in ((768, 7168), (7168, 3584), (3216, 7168), (2320, 1536)):
+        cands = gemv.wg_candidates(N, K, 32)
+        assert cands and all(gemv.supports(N, K, 32, c) is None for c in cands)
+    assert not [c for c in gemv.candidates(768, 7168, 64) if c["variant"] == "wgmma"]  # arch-free list: none
+    with pytest.raises(ValueError, match="sm_90a only"):
+        gemv.build(768, 7168, 64, gemv.wg_default(768, 7168, 64), arch="sm_100a", load=False)
+    monkeypatch.setenv("K3FUSE_GEMV_WGMMA", "1")
+    monkeypatch.setattr(kc, "current_arch", lambda: "sm_100a")
+    assert (gemv.route(768, 7168, 64)[0] or {}).get("variant") != "wgmma"
+    monkeypatch.setattr(kc, "current_arch", lambda: "sm_90a")
+    assert gemv.route(768, 7168, 64)[0] == gemv.wg_default(768, 7168, 64)
+    assert gemv.route(768, 7168, 17)[0] == gemv.wg_default(768, 7168, 32)
+    assert (gemv.route(768, 7168, 8)[0] or {}).get("variant") != "wgmma"
+    cfg, why = gemv.group_route([3584, 768], 7168, 64)
+    assert cfg is None and "wgmma" in why
+    monkeypatch.delenv("K3FUSE_GEMV_WGMMA")
+    assert (gemv.route(768, 7168, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "wgmma"

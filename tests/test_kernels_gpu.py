@@ -88,6 +88,84 @@ def test_gemv_splitk_routes_when_forced(monkeypatch):
     assert rel(registry.linear_cuda(x, w), x.double() @ w.double().t()) < 1e-2
 
 
+def _hopper():
+    return torch.cuda.get_device_capability()[0] == 9
+
+
+@pytest.mark.parametrize("M", [13, 16, 17, 40, 64])
+@pytest.mark.parametrize("N,K", [(768, 7168), (7168, 768), (3216, 7168), (2320, 1536)])
+def test_gemv_wgmma_matches_reference(N, K, M):
+    """The TMA + wgmma variant (sm_90a; written in session 35 without a GPU): the default config, one split with 2
+    stages (the pipeline's phases wrap around many times), and the most splits (a cluster of 8 summing through
+    distributed shared memory) against fp64, NaN-poisoned output, fresh inputs twice; the most splits in a CUDA graph
+    replayed with refilled inputs. M = 13, 17, 40 leave the x tile's last rows to the TMA's zero fill; N = 3216 and
+    2320 a partial last row tile."""
+    if not _hopper():
+        pytest.skip("wgmma is sm_90a only")
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    b = bucket_for(M)
+    ks = [d for d in range(1, gemv.WG_KS_MAX + 1) if K % (64 * d) == 0]
+    cands = (gemv.wg_default(N, K, b), gemv.wg_config(N, K, b, 1, 2), gemv.wg_config(N, K, b, ks[-1], 4))
+    assert None not in cands and cands[2]["KS"] > 1
+    for cfg in {str(c): c for c in cands}.values():
+        for _ in range(2):
+            x, w = bf(M, K), bf(N, K, scale=K ** -0.5)
+            y = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemv.linear(x, w, cfg, out=y)
+            assert rel(y, x.double() @ w.double().t()) < 1e-2, cfg
+    x, w, y = bf(M, K), bf(N, K, scale=K ** -0.5), torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+
+    def check():
+        assert rel(y, x.double() @ w.double().t()) < 1e-2
+
+    graph_replays_poisoned(lambda: gemv.linear(x, w, cands[2], out=y),
+                           lambda: (x.copy_(bf(M, K)), w.copy_(bf(N, K, scale=K ** -0.5))), [y], check)
+
+
+@pytest.mark.parametrize("M", [17, 64])
+def test_gemv_wgmma_in_a_pdl_chain(M):
+    """The wgmma kernel between two generated GEMVs in one CUDA graph under the PDL chain (the default): its weight
+    tiles are issued before its griddepcontrol.wait, x's after it. Every intermediate NaN-poisoned before each replay
+    and the source refilled: a read of x ahead of the wait, or a successor reading y before it is stored, shows up as
+    NaN or as a mismatch against fp64 products of the values each stage read."""
+    if not _hopper():
+        pytest.skip("wgmma is sm_90a only")
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    b = bucket_for(M)
+    up, mid = gemv.default_config(7168, 768, b), gemv.wg_default(768, 7168, b)
+    assert up["variant"] == "mma" and mid["KS"] > 1
+    src, wa, wb, wc = bf(M, 768), bf(7168, 768, scale=768 ** -0.5), bf(768, 7168, scale=7168 ** -0.5), \
+        bf(7168, 768, scale=768 ** -0.5)
+    h, z, o = (torch.empty(M, n, device="cuda", dtype=torch.bfloat16) for n in (7168, 768, 7168))
+
+    def body():
+        gemv.linear(src, wa, up, out=h)
+        gemv.linear(h, wb, mid, out=z)
+        gemv.linear(z, wc, up, out=o)
+
+    def check():
+        assert rel(h, src.double() @ wa.double().t()) < 1e-2
+        assert rel(z, h.double() @ wb.double().t()) < 1e-2
+        assert rel(o, z.double() @ wc.double().t()) < 1e-2
+
+    graph_replays_poisoned(body, lambda: src.copy_(bf(M, 768)), [h, z, o], check)
+
+
+def test_gemv_wgmma_routes_when_forced(monkeypatch):
+    """K3FUSE_GEMV_WGMMA=1 routes k3fuse::linear through the wgmma variant at buckets 16-64 on sm_90; values as the
+    reference."""
+    if not _hopper():
+        pytest.skip("wgmma is sm_90a only")
+    from k3fuse.codegen import gemv, registry
+    monkeypatch.setenv("K3FUSE_GEMV_WGMMA", "1")
+    assert gemv.route(768, 7168, 64)[0]["variant"] == "wgmma"
+    assert (gemv.route(768, 7168, 8)[0] or {}).get("variant") != "wgmma"
+    x, w = bf(40, 7168), bf(768, 7168, scale=7168 ** -0.5)
+    assert rel(registry.linear_cuda(x, w), x.double() @ w.double().t()) < 1e-2
+
+
 def frn_inputs(M, nb, addend, prefix, H=7168, K=1536):
     """Fresh random inputs of k3fuse::fused_residual_norm: o, w_o, addend, prefix, the nb block snapshots (strided
     views of one [M, 8, H] buffer, returned too), w_mix (fp32) and the norm weight."""
