@@ -127,14 +127,17 @@ def sk_forced(N: int, K: int, bucket: int) -> Optional[dict]:
 WG_BUCKETS = (16, 32, 64)   # the MMA's N is the bucket; below 16 the GEMVs run near the copy bandwidth (table)
 WG_ARCHES = ("sm_90a",)     # warpgroup MMA is Hopper's (sm_100a has tcgen05 instead)
 WG_KS_MAX = 8               # splits of K = CTAs per cluster (8: the portable cluster size)
-WG_ST = (4, 8)              # pipeline stages the tuner tries; (64 + BM) x 64 x 2 bytes each (16 KB at BM = 64)
+WG_ST = (4, 8)              # pipeline stages the tuner tries; (BN + BM) x 64 x 2 bytes each (16 KB at BN = BM = 64)
+WG_BN = (64, 128)           # weight rows per CTA: 128 reads x from L2 half as often, with half the CTAs
 WG_GRID = 112               # the default aims at >= this many CTAs (132 SMs on an H200, clusters of KS)
 
 
 def wg_supports(N: int, K: int, bucket: int, cfg: dict) -> Optional[str]:
     """None if the TMA + wgmma variant (templates/gemv_wgmma.py.jinja) takes this config, else why not. The arch is
     checked where it is known (wg_arch_supports): the template compiles for sm_90a only."""
-    KS, ST = cfg["KS"], cfg["ST"]
+    KS, ST, BN = cfg["KS"], cfg["ST"], cfg.get("BN", 64)
+    if BN not in WG_BN:
+        return f"BN={BN} not one of {WG_BN}"
     if bucket not in WG_BUCKETS:
         return f"wgmma needs a bucket in {WG_BUCKETS} (not {bucket})"
     if cfg.get("pdl"):
@@ -145,7 +148,7 @@ def wg_supports(N: int, K: int, bucket: int, cfg: dict) -> Optional[str]:
         return f"K={K} not a multiple of 64 * KS (KS={KS}, 1..{WG_KS_MAX})"
     if not 2 <= ST <= 12:
         return f"ST={ST} outside 2..12 stages"
-    if ST * (64 + bucket) * 64 * 2 + (64 * bucket * 4 if KS > 1 else 0) > 200 * 1024:
+    if ST * (BN + bucket) * 64 * 2 + (BN * bucket * 4 if KS > 1 else 0) > 200 * 1024:
         return f"ST={ST} stages at bucket {bucket} exceed 200 KiB of shared memory"
     return None
 
@@ -154,9 +157,10 @@ def wg_arch_supports(arch: str) -> Optional[str]:
     return None if arch in WG_ARCHES else f"wgmma is sm_90a only (warpgroup MMA), not {arch}"
 
 
-def wg_config(N: int, K: int, bucket: int, KS: int, ST: int = 8) -> Optional[dict]:
-    """The wgmma config with KS splits and ST stages (capped at the CTA's k-tiles), or None where it does not apply."""
-    cfg = {"variant": "wgmma", "KS": KS, "ST": max(2, min(ST, K // (64 * KS)))}
+def wg_config(N: int, K: int, bucket: int, KS: int, ST: int = 8, BN: int = 64) -> Optional[dict]:
+    """The wgmma config with BN rows per CTA, KS splits and ST stages (capped at the CTA's k-tiles), or None where it
+    does not apply."""
+    cfg = {"variant": "wgmma", "KS": KS, "ST": max(2, min(ST, K // (64 * KS))), "BN": BN}
     return cfg if wg_supports(N, K, bucket, cfg) is None else None
 
 
@@ -173,16 +177,17 @@ def wg_default(N: int, K: int, bucket: int) -> Optional[dict]:
 
 
 def wg_candidates(N: int, K: int, bucket: int) -> list[dict]:
-    """The wgmma configs the GPU tuner times on an sm_90 device (benchmarks/gpu_kernels.py): every split count up to
-    WG_KS_MAX whose grid is 0.5-4 waves, with 4 and 8 stages."""
-    tiles = -(-N // 64)
+    """The wgmma configs the GPU tuner times on an sm_90 device (benchmarks/gpu_kernels.py): for 64 and 128 rows per
+    CTA, every split count up to WG_KS_MAX whose grid is 0.5-4 waves, with 4 and 8 stages."""
     out = []
-    for KS in range(1, WG_KS_MAX + 1):
-        if K % (64 * KS) == 0 and WG_GRID // 2 <= tiles * KS <= 4 * 132:
-            for ST in WG_ST:
-                c = wg_config(N, K, bucket, KS, ST)
-                if c is not None and c not in out:
-                    out.append(c)
+    for BN in WG_BN:
+        tiles = -(-N // BN)
+        for KS in range(1, WG_KS_MAX + 1):
+            if K % (64 * KS) == 0 and WG_GRID // 2 <= tiles * KS <= 4 * 132:
+                for ST in WG_ST:
+                    c = wg_config(N, K, bucket, KS, ST, BN)
+                    if c is not None and c not in out:
+                        out.append(c)
     d = wg_default(N, K, bucket)
     if d is not None and d not in out:
         out.append(d)
@@ -281,8 +286,8 @@ def _pdl_bases(N: int, K: int, bucket: int, cands: list[dict], most: int = 4) ->
 
 
 _CFG_KEYS = {"simt": ("variant", "R", "W"), "mma": ("variant", "W", "U", "WN", "RT", "KB"),
-             "mma_sk": ("variant", "WN", "KS", "SUB", "PF"), "wgmma": ("variant", "KS", "ST")}
-_CFG_DEFAULTS = {"WN": 1, "RT": 1, "KB": 0, "PF": 0}
+             "mma_sk": ("variant", "WN", "KS", "SUB", "PF"), "wgmma": ("variant", "KS", "ST", "BN")}
+_CFG_DEFAULTS = {"WN": 1, "RT": 1, "KB": 0, "PF": 0, "BN": 64}
 
 
 def _clean(cfg: dict) -> dict:
@@ -337,7 +342,7 @@ def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
         return dict(N=N, K=K, BM=bucket, NT=bucket // 8, WN=cfg["WN"], KS=cfg["KS"], SUB=cfg["SUB"],
                     PF=bool(cfg.get("PF", 0)))
     if cfg["variant"] == "wgmma":
-        return dict(N=N, K=K, BM=bucket, KS=cfg["KS"], ST=cfg["ST"])
+        return dict(N=N, K=K, BM=bucket, KS=cfg["KS"], ST=cfg["ST"], BN=cfg.get("BN", 64))
     if cfg["variant"] == "mma":
         S, W, U, KB = K // 32, cfg["W"], cfg["U"], int(cfg.get("KB", 0))
         return dict(N=N, K=K, BM=bucket, W=W, U=U, WN=cfg.get("WN", 1), RT=cfg.get("RT", 1), NT=max(1, bucket // 8),

@@ -805,27 +805,28 @@ def test_gemv_splitk_configs_and_route(monkeypatch):
     assert cfg is None and "split-K" in why
 
 
-# the TMA + wgmma variant (sm_90a only): (N, K, bucket, KS, ST); N = 3216 leaves a partial last row tile, KS > 1 is
-# a cluster whose CTAs sum their partials through distributed shared memory
-WG_CASES = [(768, 7168, 64, 8, 8), (7168, 768, 32, 1, 8), (3216, 7168, 16, 4, 4), (7168, 3584, 64, 2, 8)]
+# the TMA + wgmma variant (sm_90a only): (N, K, bucket, KS, ST, BN); N = 3216 leaves a partial last row tile, KS > 1
+# is a cluster whose CTAs sum their partials through distributed shared memory
+WG_CASES = [(768, 7168, 64, 8, 8, 64), (7168, 768, 32, 1, 8, 64), (3216, 7168, 16, 4, 4, 64), (7168, 3584, 64, 2, 8, 64),
+            (768, 7168, 64, 8, 6, 128), (7168, 768, 32, 1, 4, 128)]
 
 
-@pytest.mark.parametrize("N,K,b,KS,ST", WG_CASES)
-def test_gemv_wgmma_compiles(N, K, b, KS, ST):
-    """sm_90a PTX: BK / 16 = 4 wgmma m64n{bucket}k16 bf16 MMAs in the (rolled) k-tile loop; the operands only by 2-D
+@pytest.mark.parametrize("N,K,b,KS,ST,BN", WG_CASES)
+def test_gemv_wgmma_compiles(N, K, b, KS, ST, BN):
+    """sm_90a PTX: BN / 64 x BK / 16 wgmma m64n{bucket}k16 bf16 MMAs in the (rolled) k-tile loop; the operands only by 2-D
     TMA tile copies (prologue and main loop; the PDL chain's prologue issues the weights' and x's copies apart), no
     global loads; the bf16 stores predicated per element; with KS > 1 the partials summed in rank order through
     ld.shared::cluster (NACC x KS, each thread taking the entries of its rank) between cluster barriers; no local
     memory."""
-    cfg = gemv.wg_config(N, K, b, KS, ST)
-    assert cfg == {"variant": "wgmma", "KS": KS, "ST": ST} and gemv.supports(N, K, b, cfg) is None
+    cfg = gemv.wg_config(N, K, b, KS, ST, BN)
+    assert cfg == {"variant": "wgmma", "KS": KS, "ST": ST, "BN": BN} and gemv.supports(N, K, b, cfg) is None
     ptx = ptx_of(gemv.build(N, K, b, cfg, arch="sm_90a", load=False))
     mmas = re.findall(r"wgmma\.mma_async\.sync\.aligned\.(m\d+n\d+k\d+)\.f32\.bf16\.bf16", ptx)
-    assert mmas == [f"m64n{b}k16"] * 4, mmas
+    assert mmas == [f"m64n{b}k16"] * (4 * BN // 64), mmas
     assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cta\.global", ptx)) == 4
     assert not global_loads(ptx)
     assert set(re.findall(r"st\.global(?:\.[a-z0-9]+)*", ptx)) == {"st.global.b16"}
-    nacc = 64 * b // 128
+    nacc = BN * b // 128
     assert len(re.findall(r"ld\.shared::cluster\.f32", ptx)) == (nacc * KS if KS > 1 else 0)
     assert len(re.findall(r"barrier\.cluster\.wait", ptx)) == (2 if KS > 1 else 0)
     assert "ld.local" not in ptx and "st.local" not in ptx
@@ -844,13 +845,19 @@ def test_gemv_wgmma_configs_and_route(monkeypatch):
     assert gemv.wg_supports(7168, 3584, 64, {"KS": 2, "ST": 12})                      # 12 x 16 KB + 16 KB > 200 KiB
     assert gemv.wg_supports(7168, 3584, 64, {"KS": 1, "ST": 8, "pdl": 1})
     assert gemv.wg_supports(7168, 3584, 64, {"KS": 2, "ST": 8}) is None
-    assert gemv.wg_default(768, 7168, 64) == {"variant": "wgmma", "KS": 8, "ST": 8}   # 12 tiles x 8
-    assert gemv.wg_default(7168, 768, 32) == {"variant": "wgmma", "KS": 1, "ST": 8}   # 112 tiles
-    assert gemv.wg_default(7168, 384, 16) == {"variant": "wgmma", "KS": 1, "ST": 6}   # 6 k-tiles: 6 stages
-    assert gemv.wg_default(3584, 7168, 64) == {"variant": "wgmma", "KS": 2, "ST": 8}
+    assert gemv.wg_supports(7168, 3584, 64, {"KS": 2, "ST": 8, "BN": 96})             # BN one of 64, 128
+    assert gemv.wg_supports(7168, 3584, 64, {"KS": 2, "ST": 8, "BN": 128})            # 8 x 24 KB + 32 KB > 200 KiB
+    assert gemv.wg_supports(7168, 3584, 64, {"KS": 2, "ST": 6, "BN": 128}) is None
+    assert gemv.wg_default(768, 7168, 64) == {"variant": "wgmma", "KS": 8, "ST": 8, "BN": 64}   # 12 x 8
+    assert gemv.wg_default(7168, 768, 32) == {"variant": "wgmma", "KS": 1, "ST": 8, "BN": 64}   # 112
+    assert gemv.wg_default(7168, 384, 16) == {"variant": "wgmma", "KS": 1, "ST": 6, "BN": 64}   # 6 k-tiles
+    assert gemv.wg_default(3584, 7168, 64) == {"variant": "wgmma", "KS": 2, "ST": 8, "BN": 64}
+    bns = set()
     for N, K in ((768, 7168), (7168, 3584), (3216, 7168), (2320, 1536)):
         cands = gemv.wg_candidates(N, K, 32)
         assert cands and all(gemv.supports(N, K, 32, c) is None for c in cands)
+        bns |= {c["BN"] for c in cands}
+    assert bns == {64, 128}     # 128 rows per CTA where the grid still has >= WG_GRID / 2 CTAs
     assert not [c for c in gemv.candidates(768, 7168, 64) if c["variant"] == "wgmma"]  # arch-free list: none
     with pytest.raises(ValueError, match="sm_90a only"):
         gemv.build(768, 7168, 64, gemv.wg_default(768, 7168, 64), arch="sm_100a", load=False)

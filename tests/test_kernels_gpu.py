@@ -97,7 +97,7 @@ def _hopper():
 def test_gemv_wgmma_matches_reference(N, K, M):
     """The TMA + wgmma variant (sm_90a; written in session 35 without a GPU): the default config, one split with 2
     stages (the pipeline's phases wrap around many times), and the most splits (a cluster of 8 summing through
-    distributed shared memory) against fp64, NaN-poisoned output, fresh inputs twice; the most splits in a CUDA graph
+    distributed shared memory) with 64 and 128 rows per CTA against fp64, NaN-poisoned output, fresh inputs twice; the most splits in a CUDA graph
     replayed with refilled inputs. M = 13, 17, 40 leave the x tile's last rows to the TMA's zero fill; N = 3216 and
     2320 a partial last row tile."""
     if not _hopper():
@@ -106,7 +106,8 @@ def test_gemv_wgmma_matches_reference(N, K, M):
     from k3fuse.codegen.buckets import bucket_for
     b = bucket_for(M)
     ks = [d for d in range(1, gemv.WG_KS_MAX + 1) if K % (64 * d) == 0]
-    cands = (gemv.wg_default(N, K, b), gemv.wg_config(N, K, b, 1, 2), gemv.wg_config(N, K, b, ks[-1], 4))
+    cands = (gemv.wg_default(N, K, b), gemv.wg_config(N, K, b, 1, 2), gemv.wg_config(N, K, b, ks[-1], 4),
+             gemv.wg_config(N, K, b, ks[-1], 4, BN=128))
     assert None not in cands and cands[2]["KS"] > 1
     for cfg in {str(c): c for c in cands}.values():
         for _ in range(2):
