@@ -194,16 +194,17 @@ def wg_candidates(N: int, K: int, bucket: int) -> list[dict]:
     return out
 
 
-def wg_forced(N: int, K: int, bucket: int) -> Optional[dict]:
-    """K3FUSE_GEMV_WGMMA=1: the wgmma variant at buckets 16-64 where it applies, on an sm_90 GPU (an A/B knob,
-    session 35: written without a GPU, not yet timed); otherwise None."""
+def wg_forced(N: int, K: int, bucket: int, arch: Optional[str] = None) -> Optional[dict]:
+    """K3FUSE_GEMV_WGMMA=1: the wgmma variant at buckets 16-64 where it applies, for sm_90a (`arch`, else the current
+    device's; an A/B knob, session 35: written without a GPU, not yet timed); otherwise None."""
     if os.environ.get("K3FUSE_GEMV_WGMMA", "0") != "1" or bucket not in WG_BUCKETS:
         return None
-    from .compile import current_arch
-    try:
-        arch = current_arch()
-    except Exception:                     # no CUDA device: nothing to launch on
-        return None
+    if arch is None:
+        from .compile import current_arch
+        try:
+            arch = current_arch()
+        except Exception:                 # no CUDA device: nothing to launch on
+            return None
     return None if wg_arch_supports(arch) else wg_default(N, K, bucket)
 
 
@@ -306,7 +307,8 @@ def config_for(N: int, K: int, bucket: int, gpu: Optional[str] = None) -> dict:
     return cfg if supports(N, K, bucket, cfg) is None else default_config(N, K, bucket)
 
 
-def route(N: int, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[dict], str]:
+def route(N: int, K: int, M: int, gpu: Optional[str] = None,
+          arch: Optional[str] = None) -> tuple[Optional[dict], str]:
     """(config, "") to run a generated kernel for this problem, or (None, reason) for the unfused path.
 
     The tuning table decides where it has an entry ({"variant": "torch"} where cuBLAS measured faster); without
@@ -316,7 +318,7 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[d
     why = supports(N, K, bucket)
     if why:
         return None, why
-    forced = sk_forced(N, K, bucket) or wg_forced(N, K, bucket)
+    forced = sk_forced(N, K, bucket) or wg_forced(N, K, bucket, arch)
     if forced is not None:
         return forced, ""
     cfg = tuning.lookup(FAMILY, (N, K), bucket, gpu)
@@ -562,14 +564,15 @@ def group_supports(Ns, K: int, bucket: Optional[int], cfg: Optional[dict] = None
     return supports(_group_rows(Ns), K, bucket, cfg)
 
 
-def group_route(Ns, K: int, M: int, gpu: Optional[str] = None) -> tuple[Optional[dict], str]:
+def group_route(Ns, K: int, M: int, gpu: Optional[str] = None,
+                arch: Optional[str] = None) -> tuple[Optional[dict], str]:
     """(config, "") for one grouped launch, or (None, reason): where the concatenated shape routes to cuBLAS,
     the group falls back too."""
     bucket = bucket_for(M)
     why = group_supports(Ns, K, bucket)
     if why:
         return None, why
-    cfg, why = route(_group_rows(Ns), K, M, gpu)
+    cfg, why = route(_group_rows(Ns), K, M, gpu, arch)
     if cfg is None:
         return None, why
     cfg = _group_cfg(cfg)

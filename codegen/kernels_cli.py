@@ -96,8 +96,8 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             if why:
                 skipped.append(dict(op="k3fuse::linear", name=name, shape=dict(N=N, K=K), bucket=b, reason=why))
                 continue
-            c = gemv.config_for(N, K, b, gpu=_gpu_for(arch))
-            routed, why_not = gemv.route(N, K, b, gpu=_gpu_for(arch))
+            routed, why_not = gemv.route(N, K, b, gpu=_gpu_for(arch), arch=arch)
+            c = routed or gemv.config_for(N, K, b, gpu=_gpu_for(arch))     # a forced variant's (e.g. wgmma) if any
             key = ("gemv", N, K, b, json.dumps(c, sort_keys=True))
             if key in seen:
                 seen[key]["uses"].append(name)
@@ -114,7 +114,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                                     reason=why))
                 continue
             c = gemv.group_config_for(Ns, K, b, gpu=_gpu_for(arch))
-            routed, why_not = gemv.group_route(Ns, K, b, gpu=_gpu_for(arch))
+            routed, why_not = gemv.group_route(Ns, K, b, gpu=_gpu_for(arch), arch=arch)
             jobs.append(dict(family="gemv", op="k3fuse::linear_group", uses=[name], shape=dict(N=Ns, K=K), bucket=b,
                              config=c, name=f"gemv_group_{c['variant']}_{'-'.join(map(str, Ns))}x{K}_b{b}",
                              used_at_runtime=routed is not None, note=why_not or None))

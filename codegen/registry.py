@@ -147,8 +147,8 @@ def _concurrent_fns(x, weights, situ_member: int = -1, beta=None, linear_beta=No
     """The group's GEMMs as callables for streams.run_concurrently (each member through k3fuse::linear's CUDA path,
     the SiTU member with its reference SiTU-GLU after it, the router's fp32 logits last), where K3FUSE_GROUP_STREAMS
     (streams.group_streams_min) takes a group of this many GEMMs and every member goes to the library at this M (the
-    tuning table's cuBLAS buckets) or to the wgmma variant (_not_concurrent); else None. Also the lowering's reason to keep the group ops whole there (on fake
-    tensors: shapes and devices only)."""
+    tuning table's cuBLAS buckets) or to the wgmma variant (_not_concurrent); else None. Also the lowering's reason to
+    keep the group ops whole there (on fake tensors: shapes and devices only)."""
     import torch
     from . import gemv
     least = streams.group_streams_min()
