@@ -558,7 +558,8 @@ def group_supports(Ns, K: int, bucket: Optional[int], cfg: Optional[dict] = None
     if min(Ns) < 1:
         return "an empty member"
     if cfg is not None and cfg.get("variant") in ("mma_sk", "wgmma"):
-        return f"the {cfg['variant']} variant has no grouped form (one launch per member)"
+        name = {"mma_sk": "split-K", "wgmma": "wgmma"}[cfg["variant"]]
+        return f"the {name} variant has no grouped form (one launch per member)"
     # rows past a member's end (a partial last CTA, even a whole 16-row tile of it) re-read the member's last row
     # and are not stored, so any member size works with any config the concatenated shape supports
     return supports(_group_rows(Ns), K, bucket, cfg)
