@@ -52,6 +52,22 @@ def _ref_group(x, ws):
 def test_group_streams_linear_group_bitwise_and_graph(monkeypatch, M):
     """The library buckets' linear_group on side streams: bitwise the serial calls' values (the same cuBLAS GEMMs),
     within 1e-2 of fp64, and right when replayed from a CUDA graph with poisoned outputs and fresh inputs."""
+    _group_streams_check(monkeypatch, M)
+
+
+@pytest.mark.parametrize("M", [17, 64])
+def test_group_streams_with_wgmma_members(monkeypatch, M):
+    """K3FUSE_GEMV_WGMMA=1 (sm_90): the group declines the grouped kernel and its members, each on the wgmma GEMM,
+    run on side streams; the same checks (bitwise the serial launches: the split-K sums are in a fixed order)."""
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("wgmma is sm_90a only")
+    from k3fuse.codegen import gemv
+    monkeypatch.setenv("K3FUSE_GEMV_WGMMA", "1")
+    assert gemv.route(768, 7168, M)[0]["variant"] == "wgmma"
+    _group_streams_check(monkeypatch, M)
+
+
+def _group_streams_check(monkeypatch, M):
     from k3fuse.codegen import registry
     registry.register()
     x = torch.randn(M, 7168, device="cuda", dtype=torch.bfloat16)
