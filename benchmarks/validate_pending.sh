@@ -768,7 +768,7 @@ elif [ "$part" = s135 ]; then     # session 35 (not run: written after the devic
     python3 - "$L/gk_wgmma/results.json" <<'PY' 2>&1 | tee -a "$S"
 import json, sys
 rows = [r for r in json.load(open(sys.argv[1]))["results"] if r.get("family") == "gemv"]
-print("N x K, M: cuBLAS us | tabled us | best wgmma us (KS, ST) | its % of copy")
+print("N x K, M: cuBLAS us | tabled us | best wgmma us (KS, ST, BN) | its % of copy")
 for key in sorted({(r["N"], r["K"], r["M"]) for r in rows}):
     rs = [r for r in rows if (r["N"], r["K"], r["M"]) == key and r.get("ok")]
     wg = [r for r in rs if r["config"]["variant"] == "wgmma"]
@@ -777,13 +777,31 @@ for key in sorted({(r["N"], r["K"], r["M"]) for r in rows}):
         print(key, "no ok rows"); continue
     b = min(wg, key=lambda r: r["us"]) if wg else None
     print(f"{key[0]} x {key[1]}, {key[2]}: {rs[0]['cublas_us']:.2f} | {tab[0]['us'] if tab else float('nan'):.2f} | "
-          + (f"{b['us']:.2f} ({b['config']['KS']}, {b['config']['ST']}) | {b['pct_copy']:.0f}%" if b else "-"))
+          + (f"{b['us']:.2f} ({b['config']['KS']}, {b['config']['ST']}, {b['config'].get('BN', 64)}) | "
+             f"{b['pct_copy']:.0f}%" if b else "-"))
 PY
     cp "$L/gk_wgmma/results.json" "$OUT/gk_wgmma_results.json" 2>/dev/null
+    # the overlay for s136: the wgmma config at each (shape, bucket) where it beat cuBLAS (and the tabled kernel)
+    python3 - "$L/gk_wgmma/results.json" "$OUT/wgmma_overlay.json" <<'PY' 2>&1 | tee -a "$S"
+import json, sys
+sys.path.insert(0, "benchmarks")
+from make_tuning_table import build
+_, entries = build([sys.argv[1]])
+keep = {k: {b: {x: c[x] for x in ("variant", "KS", "ST", "BN")} for b, c in e.items() if c["variant"] == "wgmma"}
+        for k, e in entries.items()}
+keep = {k: e for k, e in keep.items() if e}
+json.dump({"entries": keep}, open(sys.argv[2], "w"), indent=1, sort_keys=True)
+print("wgmma overlay:", sum(len(e) for e in keep.values()), "(shape, bucket) entries ->", sys.argv[2])
+PY
     tar czf "$OUT/logs_s135.tgz" -C "$L" .
-elif [ "$part" = s136 ]; then     # session 35 (not run): s135's layer A/Bs, if its kernels beat cuBLAS somewhere
-    ab_run wgmma_m64 150 --var K3FUSE_GEMV_WGMMA=0,1 --kinds kda,mla --tp 16,8 --ms 64 --pairs 8
-    ab_run wgmma_m32 150 --var K3FUSE_GEMV_WGMMA=0,1 --kinds kda,mla --tp 16,8 --ms 32,16 --pairs 8
+elif [ "$part" = s136 ]; then     # session 35 (not run): the layer A/Bs of s135's wgmma overlay (commit s135's
+    # $OUT/wgmma_overlay.json as benchmarks/results/wgmma_overlay.json first: the wgmma GEMM only where it won per shape),
+    # then the variant forced everywhere (K3FUSE_GEMV_WGMMA=1) for comparison
+    OV=benchmarks/results/wgmma_overlay.json
+    [ -f "$OV" ] || { echo "s136: $OV missing (s135's overlay)" | tee -a "$S"; exit 1; }
+    ab_run wgmma_ov_m64 150 --var K3FUSE_TUNING_OVERLAY=none,$OV --kinds kda,mla --tp 16,8 --ms 64 --pairs 8
+    ab_run wgmma_ov_m32 150 --var K3FUSE_TUNING_OVERLAY=none,$OV --kinds kda,mla --tp 16,8 --ms 32,16 --pairs 8
+    ab_run wgmma_all_m64 120 --var K3FUSE_GEMV_WGMMA=0,1 --kinds kda --tp 16,8 --ms 64 --pairs 8
     tar czf "$OUT/logs_s136.tgz" -C "$L" .
 elif [ "$part" = s134 ]; then     # session 35, the last ~4 min of device time: two of s127's never-timed variant
     # buckets: the tensor-core down at TP8 M = 2, 4 (off by the heuristic below bucket 32; the up won -25 us at TP8 M = 4

@@ -194,18 +194,20 @@ def wg_candidates(N: int, K: int, bucket: int) -> list[dict]:
     return out
 
 
+def _device_arch() -> str:
+    from .compile import current_arch
+    try:
+        return current_arch()
+    except Exception:                     # no CUDA device: nothing to launch on
+        return "no CUDA device"
+
+
 def wg_forced(N: int, K: int, bucket: int, arch: Optional[str] = None) -> Optional[dict]:
     """K3FUSE_GEMV_WGMMA=1: the wgmma variant at buckets 16-64 where it applies, for sm_90a (`arch`, else the current
     device's; an A/B knob, session 35: written without a GPU, not yet timed); otherwise None."""
     if os.environ.get("K3FUSE_GEMV_WGMMA", "0") != "1" or bucket not in WG_BUCKETS:
         return None
-    if arch is None:
-        from .compile import current_arch
-        try:
-            arch = current_arch()
-        except Exception:                 # no CUDA device: nothing to launch on
-            return None
-    return None if wg_arch_supports(arch) else wg_default(N, K, bucket)
+    return None if wg_arch_supports(arch or _device_arch()) else wg_default(N, K, bucket)
 
 
 def default_config(N: int, K: int, bucket: int) -> dict:
@@ -326,6 +328,10 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None,
         if cfg.get("variant") == "torch":
             return None, f"tuning table: cuBLAS faster for {N}x{K} at bucket {bucket}"
         cfg = _clean(cfg)
+        if cfg["variant"] == "wgmma":             # a table / overlay entry measured on an sm_90 GPU
+            why = wg_arch_supports(arch or _device_arch())
+            if why:
+                return None, f"tuning table names the wgmma variant for {N}x{K} at bucket {bucket}, but {why}"
         if supports(N, K, bucket, cfg) is None:
             return cfg, ""
     if bucket > 8:

@@ -872,3 +872,17 @@ def test_gemv_wgmma_configs_and_route(monkeypatch):
     assert cfg is None and "wgmma" in why
     monkeypatch.delenv("K3FUSE_GEMV_WGMMA")
     assert (gemv.route(768, 7168, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "wgmma"
+
+
+
+def test_gemv_wgmma_table_entry_routes_on_sm90_only(monkeypatch, tmp_path):
+    """A tuning-table (here: overlay) entry naming the wgmma variant routes k3fuse::linear to it for sm_90a; for
+    another target the route falls back to the unfused path with a reason, instead of failing to compile."""
+    import json as _json
+    over = tmp_path / "wgmma_overlay.json"
+    over.write_text(_json.dumps({"entries": {"gemv:768x7168": {"64": {"variant": "wgmma", "KS": 8, "ST": 4}}}}))
+    monkeypatch.setenv("K3FUSE_TUNING_OVERLAY", str(over))
+    assert gemv.route(768, 7168, 64, gpu="nvidia_h200", arch="sm_90a")[0] == \
+        {"variant": "wgmma", "KS": 8, "ST": 4, "BN": 64}
+    cfg, why = gemv.route(768, 7168, 64, gpu="nvidia_h200", arch="sm_100a")
+    assert cfg is None and "sm_90a only" in why
