@@ -760,6 +760,12 @@ elif [ "$part" = s135 ]; then     # session 35 (not run: written after the devic
     # 8), then every K3 shape at M = 16, 32, 64 against cuBLAS and the tabled config (its candidates only), then the
     # layer A/Bs (prediction: the 11-17 MB GEMMs at 60-80% of copy where cuBLAS has 30-47%; -10..-30 us per layer at
     # M = 64)
+    # a smoke case first, short timeout: a pipeline deadlock would otherwise eat the call's timeouts one by one
+    pytests wgmma_smoke 90 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 7168-768-64"
+    if ! grep -q "passed" "$L/log_wgmma_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_wgmma_smoke.txt"; then
+        echo "s135: the smoke case failed; stopping (logs_s135.tgz)" | tee -a "$S"; tail -40 "$L/log_wgmma_smoke.txt"
+        tar czf "$OUT/logs_s135.tgz" -C "$L" .; exit 1
+    fi
     pytests wgmma 240 tests/test_kernels_gpu.py -k wgmma
     memcheck memcheck_wgmma 150 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168 and 17"
     timeout 240 python3 benchmarks/gpu_kernels.py --out "$L/gk_wgmma" --shapes tp16,tp8 --ms 16,32,64 --tune \
