@@ -758,7 +758,7 @@ elif [ "$part" = s77 ]; then      # session 28: the per-head kernel's tiles on t
 elif [ "$part" = s135 ]; then     # session 35 (not run: written after the device time ran out): the TMA + wgmma skinny
     # GEMM (gemv variant wgmma, K3FUSE_GEMV_WGMMA=1): its GPU tests (reference, graph, PDL chain), memcheck (a cluster of
     # 8), then every K3 shape at M = 16, 32, 64 against cuBLAS and the tabled config (its candidates only), then the
-    # layer A/Bs (prediction: the 11-17 MB GEMMs at 60-80% of copy where cuBLAS has 30-47%; -10..-30 us per layer at
+    # layer A/Bs (prediction: the 5-11 MB GEMMs at 60-80% of copy where cuBLAS has 29-46%; -10..-30 us per layer at
     # M = 64)
     # a smoke case first, short timeout: a pipeline deadlock would otherwise eat the call's timeouts one by one
     pytests wgmma_smoke 90 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 7168-768-64"
