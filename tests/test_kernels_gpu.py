@@ -47,6 +47,25 @@ def test_gemv_matches_reference(N, K, M):
         assert rel(y, x.double() @ w.double().t()) < 1e-2
 
 
+def _gemv_configs_match_reference(N, K, M, cfgs, graph_cfg):
+    """Each config through gemv.linear against fp64, NaN-poisoned output, fresh inputs twice (re-armed state, if
+    any); graph_cfg also in a CUDA graph replayed with refilled inputs."""
+    from k3fuse.codegen import gemv
+    for cfg in cfgs:
+        for _ in range(2):
+            x, w = bf(M, K), bf(N, K, scale=K ** -0.5)
+            y = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+            gemv.linear(x, w, cfg, out=y)
+            assert rel(y, x.double() @ w.double().t()) < 1e-2, cfg
+    x, w, y = bf(M, K), bf(N, K, scale=K ** -0.5), torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
+
+    def check():
+        assert rel(y, x.double() @ w.double().t()) < 1e-2
+
+    graph_replays_poisoned(lambda: gemv.linear(x, w, graph_cfg, out=y),
+                           lambda: (x.copy_(bf(M, K)), w.copy_(bf(N, K, scale=K ** -0.5))), [y], check)
+
+
 @pytest.mark.parametrize("M", [16, 17, 40, 64])
 @pytest.mark.parametrize("N,K", [(7168, 3584), (768, 7168), (7168, 384), (2320, 1536)])
 def test_gemv_splitk_matches_reference(N, K, M):
@@ -62,19 +81,7 @@ def test_gemv_splitk_matches_reference(N, K, M):
     assert None not in cands
     cfgs = list({str(c): c for c in cands}.values())         # one split, the most splits, and the default
     assert any(c["KS"] > 1 for c in cfgs)
-    for cfg in cfgs:
-        for _ in range(2):
-            x, w = bf(M, K), bf(N, K, scale=K ** -0.5)
-            y = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-            gemv.linear(x, w, cfg, out=y)
-            assert rel(y, x.double() @ w.double().t()) < 1e-2, cfg
-    x, w, y = bf(M, K), bf(N, K, scale=K ** -0.5), torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-
-    def check():
-        assert rel(y, x.double() @ w.double().t()) < 1e-2
-
-    graph_replays_poisoned(lambda: gemv.linear(x, w, cands[2], out=y),
-                           lambda: (x.copy_(bf(M, K)), w.copy_(bf(N, K, scale=K ** -0.5))), [y], check)
+    _gemv_configs_match_reference(N, K, M, cfgs, cands[2])
 
 
 def test_gemv_splitk_routes_when_forced(monkeypatch):
@@ -109,19 +116,7 @@ def test_gemv_wgmma_matches_reference(N, K, M):
     cands = (gemv.wg_default(N, K, b), gemv.wg_config(N, K, b, 1, 2), gemv.wg_config(N, K, b, ks[-1], 4),
              gemv.wg_config(N, K, b, ks[-1], 4, BN=128))
     assert None not in cands and cands[2]["KS"] > 1
-    for cfg in {str(c): c for c in cands}.values():
-        for _ in range(2):
-            x, w = bf(M, K), bf(N, K, scale=K ** -0.5)
-            y = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
-            gemv.linear(x, w, cfg, out=y)
-            assert rel(y, x.double() @ w.double().t()) < 1e-2, cfg
-    x, w, y = bf(M, K), bf(N, K, scale=K ** -0.5), torch.empty(M, N, device="cuda", dtype=torch.bfloat16)
-
-    def check():
-        assert rel(y, x.double() @ w.double().t()) < 1e-2
-
-    graph_replays_poisoned(lambda: gemv.linear(x, w, cands[2], out=y),
-                           lambda: (x.copy_(bf(M, K)), w.copy_(bf(N, K, scale=K ** -0.5))), [y], check)
+    _gemv_configs_match_reference(N, K, M, list({str(c): c for c in cands}.values()), cands[2])
 
 
 @pytest.mark.parametrize("M", [17, 64])
