@@ -40,11 +40,11 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s134           # DOWNMMA at TP8 M = 2, 4; UPMMA at TP16 M = 16, 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s133           # MoE GPU tests with the member lists (default); TP8 M = 2, 4 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s132           # (session 35) K3FUSE_MLA_QTB: tests, memcheck, A/Bs M = 64, 32, 8
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s131           # (not run) s129's follow-ups: member lists at M = 32, with PASS_OWNERS, the down's grid cap
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s130           # (not run) every MLA GPU test with session 34's defaults (s124 ran out of time)
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s129           # (not run) K3FUSE_MOE_PASS_OWNERS + K3FUSE_MOE_MEMBER_LISTS: tests, memcheck, A/Bs M = 64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s131           # (session 35) s129's follow-ups: member lists at M = 32, TP8 16 / 8, the down's grid cap
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s130           # (session 35) every MLA GPU test with session 34's defaults: 493 passed
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s129           # (session 35; PASS_OWNERS removed since) PASS_OWNERS + MEMBER_LISTS: tests, A/Bs M = 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s128           # (not run) ncu of the M = 64 layer's own kernels (MLA split, CMMA combine, up / down MMA)
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s127           # (not run) TP8 M = 2, 4 rows with UPMMA; the variants' untimed buckets
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s127           # (not run; superseded by s133 + s134) TP8 M = 2, 4 rows; untimed variant buckets
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s126           # s119's MoE MMA A/Bs at small M (no ncu)
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s125           # PVMMA with its k-blocks rolled: tests, A/B TP8; the default-path MLA tests
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s124           # CMMA (table) + PVMMA defaults: MLA GPU tests, the M = 64 rows
