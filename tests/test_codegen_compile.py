@@ -832,6 +832,20 @@ def test_gemv_wgmma_compiles(N, K, b, KS, ST, BN):
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
+@pytest.mark.parametrize("N,K,b,KS,ST,BN", [(768, 7168, 64, 8, 6, 128), (3216, 7168, 16, 4, 4, 64)])
+def test_gemv_wgmma_no_spills(N, K, b, KS, ST, BN, tmp_path, capfd):
+    """ptxas remarks (sm_90a): no spills, also with the most accumulators (BN = 128 x bucket 64: 64 fp32 per thread)
+    and a cluster of 8 summing them."""
+    import cutlass.cute as cute
+    cfg = gemv.wg_config(N, K, b, KS, ST, BN)
+    mod = kcompile._import_source(gemv.render_source(N, K, b, cfg)[1], f"wg_spills_{N}_{K}_{b}_{KS}_{BN}", tmp_path)
+    capfd.readouterr()
+    cute.compile(mod.ENTRY, *mod.fake_args(), options="--gpu-arch sm_90a --enable-tvm-ffi remarks{ptx}")
+    out = "".join(capfd.readouterr())
+    assert len(re.findall(r"Used (\d+) registers", out)) == 1 and "0 bytes spill stores, 0 bytes spill loads" in out, \
+        out[-2000:]
+
+
 def test_gemv_wgmma_configs_and_route(monkeypatch):
     """The wgmma variant's rules: buckets 16-64, K a multiple of 64 * KS with KS <= 8, N a multiple of 8, the stages'
     shared memory within 200 KiB, no pdl prologue; sm_90a only (a clear error for other targets); the default takes
