@@ -275,30 +275,6 @@ def pv_unroll(arch: Optional[str]) -> bool:
     return arch is None or arch in PV_UNROLL_ARCHES
 
 
-QTB_MAX = 16              # K3FUSE_MLA_QTB's ceiling: the tokens' q_nope rows in registers (RPT per token and thread)
-QTB_QREGS = 32            # q_nope values per thread the token block holds: QTB x RPT <= this (with the 128-register
-                          # cap of two CTAs per SM, QTB 8 x RPT 8 spilled 132-184 bytes; 4 x 8 and 8 x 4 do not)
-
-
-def qabsorb_tokens(one: bool, n: int = 128, C: int = 512, qs: int = 8) -> int:
-    """K3FUSE_MLA_QTB=N (opt-in, session 34; measured slower, kept off; 0 or 1 = off): the three launches' qabsorb as a CTA per (head, N tokens, column split), its W_UK[hd] slice loaded once
-    into registers and applied to the N tokens, each token's sums and stores the one-token kernel's (bitwise).
-    Why: at M = 64 qabsorb took 7.0 / 12.2 us (TP16 / TP8, s124) for < 2 MB of distinct bytes: its 2048 / 4096 CTAs
-    each read a 32 KB slice of W_UK from L2 for one token, 64 / 128 MB of L2 reads per call, about its time at ~10
-    TB/s. Prediction at N = 8: qabsorb ~2-3 us, -4 / -8 us per MLA layer at M = 64, about half at M = 32; nothing
-    at M = 1 (one token per CTA either way). Measured on the H200 (2026-12-04, session 35, MLA + MoE layer,
-    layer_ab, 8 pairs, N = 0 -> 8, us per layer): TP16 M = 64 +2.0 (3 / 8 faster), M = 32 +2.8 (0 / 8); TP8 M = 64
-    -1.5 (6 / 8), M = 32 +2.5 (0 / 8), M = 8 +7.3 (0 / 8). Capped so that QTB x RPT <= QTB_QREGS (n, C, qs: the q_nope width, the
-    latent width, the column splits). Read when a kernel is rendered (a kernel serves every M: the knob is per
-    kernel, not per bucket)."""
-    want = int(os.environ.get("K3FUSE_MLA_QTB", "0") or 0)
-    if want > QTB_MAX:
-        raise ValueError(f"K3FUSE_MLA_QTB={want}: at most {QTB_MAX} tokens per qabsorb CTA")
-    rpt = n // (QABSORB_THREADS // (C // 8 // qs))          # W_UK rows per thread (the template's RPT)
-    tb = min(want, max(1, QTB_QREGS // max(rpt, 1)))
-    return 0 if one or tb <= 1 else tb
-
-
 def combine_mma_reason(v: int, C: int) -> Optional[str]:
     """None if the tensor-core combine (template CMMA) takes these widths, else why not: 8 warps merge the 8 tokens
     of a CTA and each owns a 16-row tile of W_UV, a lane C / 32 columns (16-byte vectors of bf16)."""
@@ -351,8 +327,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 **({"RB3": rb3} if rb3 else {}),      # absent when off: the same source
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
-                **({"PV_UNROLL": False} if pv_mma(hp, r, C, tt) and not pv_unroll(arch) else {}),
-                **({"QTB": qtb} if (qtb := qabsorb_tokens(one_g is not None, n, C, int(splits[0]))) else {}))
+                **({"PV_UNROLL": False} if pv_mma(hp, r, C, tt) and not pv_unroll(arch) else {}))
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
@@ -389,8 +364,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
-            combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
-            qabsorb_tokens(one_g is not None, n, C, splits[0]))
+            combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt))
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch)

@@ -447,26 +447,3 @@ def test_mla_pv_mma_matches_reference(M, T, seq_lens, h, pipe, one, monkeypatch,
     assert torch.isfinite(outs[1]).all()
     assert rel(outs[1], reference(*args, SCALE)) < 1e-2
     assert rel(outs[1], outs[0]) < 1e-4
-
-
-@pytest.mark.parametrize("M,h", [(3, 6), (17, 12), (64, 6), (64, 12)])
-def test_mla_qabsorb_tokens_bit_identical(M, h, monkeypatch, seed):
-    """K3FUSE_MLA_QTB=8 (qabsorb over several tokens per CTA, its W_UK slice loaded once; opt-in, measured
-    slower in session 35): three launches, NaN-poisoned output bitwise the one-token qabsorb's, M not a
-    multiple of the token block too (3, 17); then the append + gate variant's checks with it (every token's cache
-    row appended by the block CTAs of head 0)."""
-    from k3fuse.codegen import mla_attention as ma
-    args = inputs(M, h, 700, [(37 * i + 5) % 699 for i in range(M)])
-    outs = []
-    seen = _records_builds(monkeypatch)
-    for v in ("0", "8"):
-        monkeypatch.setenv("K3FUSE_MLA_QTB", v)
-        qs = ma.fit_splits(N, V, C, ma.splits_for(M, h))[0]
-        assert (ma.qabsorb_tokens(False, N, C, qs) > 1) == (v == "8")
-        outs.append(run_kernel(args, one=False))
-        torch.cuda.synchronize()
-    assert [("qabsorb_tb_kernel(mQn" in src) for _, src in seen] == [False, True]
-    assert torch.isfinite(outs[1]).all()
-    assert torch.equal(outs[1], outs[0])
-    assert rel(outs[1], reference(*args, SCALE)) < 1e-2
-    check_append(M, 701, [(37 * i + 5) % 700 for i in range(M)], h, True, heads=False, one=False)
