@@ -251,8 +251,9 @@ def member_lists() -> bool:
     pair, every step) write the pair's member list for the down: a count (0 where the pair owns no down pass) and the
     members as token | slot mask << 8 (scratch [M, k] + [M, k, bucket] int32). The down kernel reads its pair's count
     (one load: non-owners exit there) and list instead of scanning the M x k ids with its 256 threads, a ballot and
-    two barriers. Bitwise the scan (the same members in the same order). Why: at M = 64 about 7 of 8 of the down's 8192 CTAs own nothing (~134-145 distinct experts for
-    1024 pairs) and each paid the 8 KB ids read, the vote and two barriers before exiting.
+    two barriers. Bitwise the scan (the same members in the same order). Why: at M = 64 about 7 of 8 of the down's
+    8192 CTAs own nothing (~134-145 distinct experts for 1024 pairs) and each paid the 8 KB ids read, the vote and
+    two barriers before exiting.
     Measured on the H200 (2026-12-04, session 35, KDA + MoE layer, layer_ab, 8 pairs, us per layer, 0 -> 1):
     TP16 M = 64 -3.9 (8 / 8), M = 32 -4.5 (8 / 8); TP8 M = 64 -3.8 (7 / 8), M = 32 -0.7 (8 / 8), M = 16 -4.8 (8 / 8);
     TP8 M = 8 does not take it (its up runs on CUDA cores). With it, the down's grid cap 8192 -> 16384 at TP16:
