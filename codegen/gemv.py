@@ -13,6 +13,7 @@ rendered sources and cache keys of kernels without it are the same as before it 
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from typing import Optional
@@ -194,7 +195,9 @@ def wg_candidates(N: int, K: int, bucket: int) -> list[dict]:
     return out
 
 
+@functools.lru_cache(maxsize=None)
 def _device_arch() -> str:
+    """The current device's target, asked once per process: route() runs on every k3fuse::linear call."""
     from .compile import current_arch
     try:
         return current_arch()

@@ -877,8 +877,10 @@ def test_gemv_wgmma_configs_and_route(monkeypatch):
         gemv.build(768, 7168, 64, gemv.wg_default(768, 7168, 64), arch="sm_100a", load=False)
     monkeypatch.setenv("K3FUSE_GEMV_WGMMA", "1")
     monkeypatch.setattr(kc, "current_arch", lambda: "sm_100a")
+    gemv._device_arch.cache_clear()                     # asked once per process
     assert (gemv.route(768, 7168, 64)[0] or {}).get("variant") != "wgmma"
     monkeypatch.setattr(kc, "current_arch", lambda: "sm_90a")
+    gemv._device_arch.cache_clear()
     assert gemv.route(768, 7168, 64)[0] == gemv.wg_default(768, 7168, 64)
     assert gemv.route(768, 7168, 17)[0] == gemv.wg_default(768, 7168, 32)
     assert (gemv.route(768, 7168, 8)[0] or {}).get("variant") != "wgmma"
@@ -886,6 +888,8 @@ def test_gemv_wgmma_configs_and_route(monkeypatch):
     assert cfg is None and "wgmma" in why
     monkeypatch.delenv("K3FUSE_GEMV_WGMMA")
     assert (gemv.route(768, 7168, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "wgmma"
+    monkeypatch.undo()
+    gemv._device_arch.cache_clear()                     # not the patched arch for later tests
 
 
 
