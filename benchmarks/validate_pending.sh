@@ -760,6 +760,9 @@ elif [ "$part" = s135 ]; then     # session 35 (not run: written after the devic
     # 8), then every K3 shape at M = 16, 32, 64 against cuBLAS and the tabled config (its candidates only), then the
     # layer A/Bs (prediction: the 5-11 MB GEMMs at 60-80% of copy where cuBLAS has 29-46%; -10..-30 us per layer at
     # M = 64)
+    # first the member lists' owner test as rewritten in session 35's review (the scan's first-member test instead of
+    # the popc rank: equivalent by construction, not yet run): the MoE tensor-core GPU tests
+    pytests moe_mlist 150 tests/test_moe_kernel_gpu.py -k "member_lists or up_mma or down_mma"
     # a smoke case first, short timeout: a pipeline deadlock would otherwise eat the call's timeouts one by one
     pytests wgmma_smoke 90 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 7168-768-64"
     if ! grep -q "passed" "$L/log_wgmma_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_wgmma_smoke.txt"; then
