@@ -760,18 +760,15 @@ elif [ "$part" = s135 ]; then     # session 35 (not run: written after the devic
     # 8), then every K3 shape at M = 16, 32, 64 against cuBLAS and the tabled config (its candidates only), then the
     # layer A/Bs (prediction: the 5-11 MB GEMMs at 60-80% of copy where cuBLAS has 29-46%; -10..-30 us per layer at
     # M = 64)
-    # first the member lists' owner test as rewritten in session 35's review (the scan's first-member test instead of
-    # the popc rank: equivalent by construction, not yet run): the MoE tensor-core GPU tests
-    pytests moe_mlist 150 tests/test_moe_kernel_gpu.py -k "member_lists or up_mma or down_mma"
+    # (session 36: reordered to fit one 600 s call: the smoke case, then the shapes against cuBLAS and the overlay, then
+    # the tests; the MoE tests moved to s136)
     # a smoke case first, short timeout: a pipeline deadlock would otherwise eat the call's timeouts one by one
     pytests wgmma_smoke 90 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 7168-768-64"
     if ! grep -q "passed" "$L/log_wgmma_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_wgmma_smoke.txt"; then
         echo "s135: the smoke case failed; stopping (logs_s135.tgz)" | tee -a "$S"; tail -40 "$L/log_wgmma_smoke.txt"
         tar czf "$OUT/logs_s135.tgz" -C "$L" .; exit 1
     fi
-    pytests wgmma 240 tests/test_kernels_gpu.py -k wgmma
-    memcheck memcheck_wgmma 150 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168 and 17"
-    timeout 240 python3 benchmarks/gpu_kernels.py --out "$L/gk_wgmma" --shapes tp16,tp8 --ms 16,32,64 --tune \
+    timeout 280 python3 benchmarks/gpu_kernels.py --out "$L/gk_wgmma" --shapes tp16,tp8 --ms 16,32,64 --tune \
         --variants wgmma > "$L/gk_wgmma.txt" 2>&1
     echo "gpu_kernels wgmma rc=$?" | tee -a "$S"
     python3 - "$L/gk_wgmma/results.json" <<'PY' 2>&1 | tee -a "$S"
@@ -803,11 +800,17 @@ json.dump({"entries": keep}, open(sys.argv[2], "w"), indent=1, sort_keys=True)
 print("wgmma overlay:", sum(len(e) for e in keep.values()), "(shape, bucket) entries ->", sys.argv[2])
 PY
     tar czf "$OUT/logs_s135.tgz" -C "$L" .
+    pytests wgmma 150 tests/test_kernels_gpu.py tests/test_streams_gpu.py -k wgmma
+    memcheck memcheck_wgmma 90 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168-17"
+    tar czf "$OUT/logs_s135.tgz" -C "$L" .
 elif [ "$part" = s136 ]; then     # session 35 (not run): the layer A/Bs of s135's wgmma overlay (commit s135's
     # $OUT/wgmma_overlay.json as benchmarks/results/wgmma_overlay.json first: the wgmma GEMM only where it won per shape),
     # then the variant forced everywhere (K3FUSE_GEMV_WGMMA=1) for comparison
     OV=benchmarks/results/wgmma_overlay.json
     [ -f "$OV" ] || { echo "s136: $OV missing (s135's overlay)" | tee -a "$S"; exit 1; }
+    # the member lists' owner test as rewritten in session 35's review (the scan's first-member test instead of the popc
+    # rank: equivalent by construction, not yet run): the MoE tensor-core GPU tests
+    pytests moe_mlist 150 tests/test_moe_kernel_gpu.py -k "member_lists or up_mma or down_mma"
     ab_run wgmma_ov_m64 150 --var K3FUSE_TUNING_OVERLAY=none,$OV --kinds kda,mla --tp 16,8 --ms 64 --pairs 8
     ab_run wgmma_ov_m32 150 --var K3FUSE_TUNING_OVERLAY=none,$OV --kinds kda,mla --tp 16,8 --ms 32,16 --pairs 8
     ab_run wgmma_all_m64 120 --var K3FUSE_GEMV_WGMMA=0,1 --kinds kda --tp 16,8 --ms 64 --pairs 8
