@@ -35,8 +35,9 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s136           # (not run) the wgmma GEMM in the layer: A/Bs M = 16-64
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s135           # (not run) the TMA + wgmma GEMM: tests, memcheck, shapes vs cuBLAS
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s137           # the refined wgmma overlay: A/Bs M = 16-64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s136           the wgmma GEMM in the layer: A/Bs M = 16-64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s135           # the TMA + wgmma GEMM: tests, memcheck, shapes vs cuBLAS
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s134           # DOWNMMA at TP8 M = 2, 4; UPMMA at TP16 M = 16, 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s133           # MoE GPU tests with the member lists (default); TP8 M = 2, 4 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s132           # (session 35) K3FUSE_MLA_QTB: tests, memcheck, A/Bs M = 64, 32, 8
@@ -803,6 +804,13 @@ PY
     pytests wgmma 150 tests/test_kernels_gpu.py tests/test_streams_gpu.py -k wgmma
     memcheck memcheck_wgmma 90 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168-17"
     tar czf "$OUT/logs_s135.tgz" -C "$L" .
+elif [ "$part" = s137 ]; then     # session 36: s136's overlay refined (wgmma_overlay_r1.json): the entries under 5%
+    # standalone gain dropped, and the two suspects of s136's losses (3216x7168 at bucket 16: KDA TP16 M = 16 +8.4;
+    # 1536x7168 at 64: KDA TP8 M = 64 +5.3); the same A/Bs
+    OV=benchmarks/results/wgmma_overlay_r1.json
+    ab_run wgmma_r1_m64 150 --var K3FUSE_TUNING_OVERLAY=none,$OV --kinds kda,mla --tp 16,8 --ms 64 --pairs 8
+    ab_run wgmma_r1_m32 150 --var K3FUSE_TUNING_OVERLAY=none,$OV --kinds kda,mla --tp 16,8 --ms 32,16 --pairs 8
+    tar czf "$OUT/logs_s137.tgz" -C "$L" .
 elif [ "$part" = s136 ]; then     # session 35 (not run): the layer A/Bs of s135's wgmma overlay (commit s135's
     # $OUT/wgmma_overlay.json as benchmarks/results/wgmma_overlay.json first: the wgmma GEMM only where it won per shape),
     # then the variant forced everywhere (K3FUSE_GEMV_WGMMA=1) for comparison
