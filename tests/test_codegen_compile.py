@@ -887,7 +887,10 @@ def test_gemv_wgmma_configs_and_route(monkeypatch):
     cfg, why = gemv.group_route([3584, 768], 7168, 64)
     assert cfg is None and "wgmma" in why
     monkeypatch.delenv("K3FUSE_GEMV_WGMMA")
-    assert (gemv.route(768, 7168, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "wgmma"
+    # without the knob the H200 table decides: wgmma where it won in the layer (session 36), not elsewhere
+    assert gemv.route(768, 7168, 64, gpu="nvidia_h200")[0] == {"variant": "wgmma", "KS": 8, "ST": 4, "BN": 64}
+    assert (gemv.route(7168, 768, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "wgmma"
+    assert (gemv.route(1536, 7168, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "wgmma"   # lost in the layer
     monkeypatch.undo()
     gemv._device_arch.cache_clear()                     # not the patched arch for later tests
 
