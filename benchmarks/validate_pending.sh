@@ -35,8 +35,9 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s138           # the wgmma table entries: tests, M = 64 rows, e2e M = 64, 16
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s137           # the refined wgmma overlay: A/Bs M = 16-64
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s136           the wgmma GEMM in the layer: A/Bs M = 16-64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s136           # the wgmma GEMM in the layer: A/Bs M = 16-64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s135           # the TMA + wgmma GEMM: tests, memcheck, shapes vs cuBLAS
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s134           # DOWNMMA at TP8 M = 2, 4; UPMMA at TP16 M = 16, 32
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s133           # MoE GPU tests with the member lists (default); TP8 M = 2, 4 rows
@@ -804,6 +805,18 @@ PY
     pytests wgmma 150 tests/test_kernels_gpu.py tests/test_streams_gpu.py -k wgmma
     memcheck memcheck_wgmma 90 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168-17"
     tar czf "$OUT/logs_s135.tgz" -C "$L" .
+elif [ "$part" = s138 ]; then     # session 36: the H200 table's wgmma entries (buckets 16-64) as the default: the
+    # tests whose routes they change (per-bucket graphs, side-stream groups), the M = 64 rows, end to end at M = 64, 16
+    pytests runtime 100 tests/test_runtime_gpu.py
+    pytests streams 100 tests/test_streams_gpu.py
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip inductor \
+        --top 16 --tag _m64 > "$L/lb_m64.txt" 2>&1
+    echo "layer M=64 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_m64.json "$L"/layer_bench_m64.png "$OUT/" 2>/dev/null
+    timeout 150 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 64,16 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e M=64,16 rc=$?" | tee -a "$S"; tail -6 "$L/e2e.txt" | tee -a "$S"
+    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s138.tgz" -C "$L" .
 elif [ "$part" = s137 ]; then     # session 36: s136's overlay refined (wgmma_overlay_r1.json): the entries under 5%
     # standalone gain dropped, and the two suspects of s136's losses (3216x7168 at bucket 16: KDA TP16 M = 16 +8.4;
     # 1536x7168 at 64: KDA TP8 M = 64 +5.3); the same A/Bs
