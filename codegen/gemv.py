@@ -207,7 +207,8 @@ def _device_arch() -> str:
 
 def wg_forced(N: int, K: int, bucket: int, arch: Optional[str] = None) -> Optional[dict]:
     """K3FUSE_GEMV_WGMMA=1: the wgmma variant at buckets 16-64 where it applies, for sm_90a (`arch`, else the current
-    device's; an A/B knob, session 35: written without a GPU, not yet timed); otherwise None."""
+    device's; an A/B knob: forced on every shape it was slower in the layer, session 36, so the H200 table names it
+    only where it won); otherwise None."""
     if os.environ.get("K3FUSE_GEMV_WGMMA", "0") != "1" or bucket not in WG_BUCKETS:
         return None
     return None if wg_arch_supports(arch or _device_arch()) else wg_default(N, K, bucket)

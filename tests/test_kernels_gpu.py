@@ -102,7 +102,7 @@ def _hopper():
 @pytest.mark.parametrize("M", [13, 16, 17, 40, 64])
 @pytest.mark.parametrize("N,K", [(768, 7168), (7168, 768), (3216, 7168), (2320, 1536)])
 def test_gemv_wgmma_matches_reference(N, K, M):
-    """The TMA + wgmma variant (sm_90a; written in session 35 without a GPU): the default config, one split with 2
+    """The TMA + wgmma variant (sm_90a; written in session 35 without a GPU, passed in session 36): the default config, one split with 2
     stages (the pipeline's phases wrap around many times), and the most splits (a cluster of 8 summing through
     distributed shared memory) with 64 and 128 rows per CTA against fp64, NaN-poisoned output, fresh inputs twice; the most splits in a CUDA graph
     replayed with refilled inputs. M = 13, 17, 40 leave the x tile's last rows to the TMA's zero fill; N = 3216 and
