@@ -35,6 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s140           # (not run) why 3216x7168's wgmma entry at bucket 16 lost in the layer
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s139           # (not run) wgmma clusters of 14-16: tests, memcheck, shapes, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s138           # the wgmma table entries: tests, M = 64 rows, e2e M = 64, 16
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s137           # the refined wgmma overlay: A/Bs M = 16-64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s136           # the wgmma GEMM in the layer: A/Bs M = 16-64
@@ -805,6 +807,50 @@ PY
     pytests wgmma 150 tests/test_kernels_gpu.py tests/test_streams_gpu.py -k wgmma
     memcheck memcheck_wgmma 90 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168-17"
     tar czf "$OUT/logs_s135.tgz" -C "$L" .
+elif [ "$part" = s139 ]; then     # session 36 (not run): the wgmma GEMM with clusters of 14-16 splits (the tuner's
+    # candidates where 8 splits leave fewer than 112 CTAs: 768x7168, 1536x7168 at BN = 128, 1152x1536 at BN = 128).
+    # Predicted: 768x7168 from 40-44% of copy (96 CTAs) toward 55% with 168-192; -0.5..-1 us per such GEMM standalone
+    pytests wgmma_wide 200 tests/test_kernels_gpu.py -k "wgmma_matches_reference and (768-7168 or 3216-7168)"
+    memcheck memcheck_wgmma_wide 90 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168-17"
+    timeout 200 python3 benchmarks/gpu_kernels.py --out "$L/gk_wide" --shapes 768x7168,1536x7168,1152x1536 \
+        --ms 16,32,64 --tune --variants wgmma > "$L/gk_wide.txt" 2>&1
+    echo "gpu_kernels wide rc=$?" | tee -a "$S"
+    cp "$L/gk_wide/results.json" "$OUT/gk_wide_results.json" 2>/dev/null
+    # the overlay: where the best wgmma config is a cluster of > 8 and beats the table's current entry
+    python3 - "$L/gk_wide/results.json" "$OUT/wgmma_wide_overlay.json" <<'PY' 2>&1 | tee -a "$S"
+import json, sys
+rows = [r for r in json.load(open(sys.argv[1]))["results"] if r.get("family") == "gemv" and r.get("ok")]
+keep = {}
+for key in sorted({(r["N"], r["K"], r["bucket"]) for r in rows}):
+    rs = [r for r in rows if (r["N"], r["K"], r["bucket"]) == key]
+    tab = min((r for r in rs if r.get("tabled")), key=lambda r: r["us"], default=None)
+    ref = min([rs[0]["cublas_us"]] + ([tab["us"]] if tab else []))
+    b = min(rs, key=lambda r: r["us"])
+    print(f"{key}: cuBLAS {rs[0]['cublas_us']:.2f} tabled {tab['us'] if tab else float('nan'):.2f} best {b['us']:.2f} "
+          f"{b['config']} {b['pct_copy']:.0f}% of copy")
+    if b["config"]["variant"] == "wgmma" and b["config"]["KS"] > 8 and b["us"] < 0.97 * ref:
+        keep.setdefault(f"gemv:{key[0]}x{key[1]}", {})[str(key[2])] = {x: b["config"][x] for x in ("variant", "KS", "ST", "BN")}
+json.dump({"entries": keep}, open(sys.argv[2], "w"), indent=1, sort_keys=True)
+print("wide overlay:", sum(len(e) for e in keep.values()), "entries ->", sys.argv[2])
+PY
+    if grep -q '"gemv' "$OUT/wgmma_wide_overlay.json" 2>/dev/null; then
+        ab_run wgmma_wide 200 --var K3FUSE_TUNING_OVERLAY=none,$OUT/wgmma_wide_overlay.json --kinds kda,mla --tp 16,8 \
+            --ms 64,32,16 --pairs 8
+    fi
+    tar czf "$OUT/logs_s139.tgz" -C "$L" .
+elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overlay lost +8.4 us at KDA TP16 M = 16.
+    # Suspect (by elimination): 3216x7168's wgmma entry at bucket 16 (8% faster standalone). The A/B of that one entry
+    # over the table (16 pairs), then the op ledger of the row with and without it (which kernels move)
+    OV=benchmarks/results/wgmma_overlay_in_proj16.json
+    ab_run in_proj16 150 --var K3FUSE_TUNING_OVERLAY=none,$OV --kinds kda --tp 16 --ms 16 --pairs 16
+    for v in none $OV; do
+        t=$(basename "$v" .json)
+        K3FUSE_TUNING_OVERLAY=$v timeout 150 python3 benchmarks/layer_bench.py --out "$L" --kinds kda --tp 16 --ms 16 \
+            --skip eager,inductor --top 24 --tag "_m16_$t" > "$L/lb_m16_$t.txt" 2>&1
+        echo "ledger $t rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m16_$t.txt" | sed -n '/^kind/,$p' | cut -c1-110 \
+            | tee -a "$S"
+    done
+    tar czf "$OUT/logs_s140.tgz" -C "$L" .
 elif [ "$part" = s138 ]; then     # session 36: the H200 table's wgmma entries (buckets 16-64) as the default: the
     # tests whose routes they change (per-bucket graphs, side-stream groups), the M = 64 rows, end to end at M = 64, 16
     pytests runtime 200 tests/test_runtime_gpu.py     # 118 s on a cold cache (s138: 100 s ran out)

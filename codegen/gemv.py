@@ -127,7 +127,9 @@ def sk_forced(N: int, K: int, bucket: int) -> Optional[dict]:
 # ------------------------------------------------------------------------------------------ TMA + wgmma (wgmma)
 WG_BUCKETS = (16, 32, 64)   # the MMA's N is the bucket; below 16 the GEMVs run near the copy bandwidth (table)
 WG_ARCHES = ("sm_90a",)     # warpgroup MMA is Hopper's (sm_100a has tcgen05 instead)
-WG_KS_MAX = 8               # splits of K = CTAs per cluster (8: the portable cluster size)
+WG_KS_MAX = 8               # splits of K = CTAs per cluster (8: the portable cluster size) for the default
+WG_KS_WIDE = 16             # the tuner's ceiling where 8 splits leave the grid under WG_GRID (768 x 7168: 96 CTAs):
+                            # Hopper's non-portable cluster size (CuTe DSL allows it on every kernel it loads)
 WG_ST = (4, 8)              # pipeline stages the tuner tries; (BN + BM) x 64 x 2 bytes each (16 KB at BN = BM = 64)
 WG_BN = (64, 128)           # weight rows per CTA: 128 reads x from L2 half as often, with half the CTAs
 WG_GRID = 112               # the default aims at >= this many CTAs (132 SMs on an H200, clusters of KS)
@@ -145,8 +147,8 @@ def wg_supports(N: int, K: int, bucket: int, cfg: dict) -> Optional[str]:
         return "wgmma has no L2-prefetch (pdl=1) prologue"
     if N % 8:
         return f"N={N} not a multiple of 8"
-    if not 1 <= KS <= WG_KS_MAX or K % (64 * KS):
-        return f"K={K} not a multiple of 64 * KS (KS={KS}, 1..{WG_KS_MAX})"
+    if not 1 <= KS <= WG_KS_WIDE or K % (64 * KS):
+        return f"K={K} not a multiple of 64 * KS (KS={KS}, 1..{WG_KS_WIDE})"
     if not 2 <= ST <= 12:
         return f"ST={ST} outside 2..12 stages"
     if ST * (BN + bucket) * 64 * 2 + (BN * bucket * 4 if KS > 1 else 0) > 200 * 1024:
@@ -179,11 +181,13 @@ def wg_default(N: int, K: int, bucket: int) -> Optional[dict]:
 
 def wg_candidates(N: int, K: int, bucket: int) -> list[dict]:
     """The wgmma configs the GPU tuner times on an sm_90 device (benchmarks/gpu_kernels.py): for 64 and 128 rows per
-    CTA, every split count up to WG_KS_MAX whose grid is 0.5-4 waves, with 4 and 8 stages."""
+    CTA, every split count up to WG_KS_MAX whose grid is 0.5-4 waves, with 4 and 8 stages; up to WG_KS_WIDE (clusters
+    of 9-16) where WG_KS_MAX splits leave fewer than WG_GRID CTAs (session 36: 768 x 7168 at 40-44% of copy with 96)."""
     out = []
     for BN in WG_BN:
         tiles = -(-N // BN)
-        for KS in range(1, WG_KS_MAX + 1):
+        top = WG_KS_WIDE if tiles * WG_KS_MAX < WG_GRID else WG_KS_MAX
+        for KS in range(1, top + 1):
             if K % (64 * KS) == 0 and WG_GRID // 2 <= tiles * KS <= 4 * 132:
                 for ST in WG_ST:
                     c = wg_config(N, K, bucket, KS, ST, BN)

@@ -103,7 +103,7 @@ def test_mix_norm_cluster_compiles(arch, cl, nb, addend, prefix, monkeypatch):
     assert "CL =" not in src1 and "cluster" not in src1.split('"""')[-1]
     monkeypatch.setenv("K3FUSE_MIXNORM_CLUSTER", str(cl))
     k = _fresh_mix_norm(nb, addend, prefix, arch)
-    assert f"CL = {cl} " in k.source and f"cluster=[CL, 1, 1]" in k.source
+    assert f"CL = {cl} " in k.source and "cluster=[CL, 1, 1]" in k.source
     ptx = ptx_of(k)
     reads = ptx.count("ld.shared::cluster")
     assert ptx.count("mapa.shared::cluster") == reads == cl * (2 if nb > 0 else 1)
@@ -808,7 +808,8 @@ def test_gemv_splitk_configs_and_route(monkeypatch):
 # the TMA + wgmma variant (sm_90a only): (N, K, bucket, KS, ST, BN); N = 3216 leaves a partial last row tile, KS > 1
 # is a cluster whose CTAs sum their partials through distributed shared memory
 WG_CASES = [(768, 7168, 64, 8, 8, 64), (7168, 768, 32, 1, 8, 64), (3216, 7168, 16, 4, 4, 64), (7168, 3584, 64, 2, 8, 64),
-            (768, 7168, 64, 8, 6, 128), (7168, 768, 32, 1, 4, 128)]
+            (768, 7168, 64, 8, 6, 128), (7168, 768, 32, 1, 4, 128),
+            (768, 7168, 64, 16, 7, 64), (768, 7168, 16, 14, 4, 128)]     # non-portable clusters (the tuner's, session 36)
 
 
 @pytest.mark.parametrize("N,K,b,KS,ST,BN", WG_CASES)
@@ -832,7 +833,7 @@ def test_gemv_wgmma_compiles(N, K, b, KS, ST, BN):
     assert "ld.local" not in ptx and "st.local" not in ptx
 
 
-@pytest.mark.parametrize("N,K,b,KS,ST,BN", [(768, 7168, 64, 8, 6, 128), (3216, 7168, 16, 4, 4, 64)])
+@pytest.mark.parametrize("N,K,b,KS,ST,BN", [(768, 7168, 64, 8, 6, 128), (3216, 7168, 16, 4, 4, 64), (768, 7168, 64, 16, 7, 64)])
 def test_gemv_wgmma_no_spills(N, K, b, KS, ST, BN, tmp_path, capfd):
     """ptxas remarks (sm_90a): no spills, also with the most accumulators (BN = 128 x bucket 64: 64 fp32 per thread)
     and a cluster of 8 summing them."""
@@ -847,15 +848,17 @@ def test_gemv_wgmma_no_spills(N, K, b, KS, ST, BN, tmp_path, capfd):
 
 
 def test_gemv_wgmma_configs_and_route(monkeypatch):
-    """The wgmma variant's rules: buckets 16-64, K a multiple of 64 * KS with KS <= 8, N a multiple of 8, the stages'
+    """The wgmma variant's rules: buckets 16-64, K a multiple of 64 * KS with KS <= 16, N a multiple of 8, the stages'
     shared memory within 200 KiB, no pdl prologue; sm_90a only (a clear error for other targets); the default takes
-    the fewest splits that give WG_GRID CTAs; the tuner's wgmma candidates (timed on sm_90 devices only) are all
-    supported; K3FUSE_GEMV_WGMMA=1 routes k3fuse::linear to it only on an sm_90 device, and a grouped GEMV declines
+    the fewest splits up to 8 that give WG_GRID CTAs; the tuner's wgmma candidates (timed on sm_90 devices only) are all
+    supported, with clusters of 9-16 only where 8 splits leave fewer than WG_GRID CTAs; K3FUSE_GEMV_WGMMA=1 routes k3fuse::linear to it only on an sm_90 device, and a grouped GEMV declines
     it."""
     from k3fuse.codegen import compile as kc
     assert gemv.wg_supports(7168, 3584, 8, {"KS": 1, "ST": 8})                        # bucket 8
     assert gemv.wg_supports(7168, 3584, 64, {"KS": 3, "ST": 8})                       # 3584 % 192
-    assert gemv.wg_supports(7168, 3584, 64, {"KS": 16, "ST": 4})                      # clusters of <= 8
+    assert gemv.wg_supports(7168, 3584, 64, {"KS": 16, "ST": 4})                      # 3584 % 1024
+    assert gemv.wg_supports(768, 7168, 64, {"KS": 16, "ST": 4}) is None               # Hopper's largest cluster
+    assert gemv.wg_supports(768, 7168, 64, {"KS": 28, "ST": 4})                       # clusters of <= 16
     assert gemv.wg_supports(7168, 3584, 64, {"KS": 2, "ST": 12})                      # 12 x 16 KB + 16 KB > 200 KiB
     assert gemv.wg_supports(7168, 3584, 64, {"KS": 1, "ST": 8, "pdl": 1})
     assert gemv.wg_supports(7168, 3584, 64, {"KS": 2, "ST": 8}) is None
@@ -872,6 +875,9 @@ def test_gemv_wgmma_configs_and_route(monkeypatch):
         assert cands and all(gemv.supports(N, K, 32, c) is None for c in cands)
         bns |= {c["BN"] for c in cands}
     assert bns == {64, 128}     # 128 rows per CTA where the grid still has >= WG_GRID / 2 CTAs
+    wide = {c["KS"] for c in gemv.wg_candidates(768, 7168, 64) if c["KS"] > gemv.WG_KS_MAX}
+    assert wide == {14, 16}     # 12 row tiles x 8 splits = 96 < WG_GRID: clusters of 14 and 16 (7168 / 64 = 112 k-tiles)
+    assert all(c["KS"] <= gemv.WG_KS_MAX for c in gemv.wg_candidates(3216, 7168, 64))   # 51 x 8 >= WG_GRID
     assert not [c for c in gemv.candidates(768, 7168, 64) if c["variant"] == "wgmma"]  # arch-free list: none
     with pytest.raises(ValueError, match="sm_90a only"):
         gemv.build(768, 7168, 64, gemv.wg_default(768, 7168, 64), arch="sm_100a", load=False)

@@ -104,7 +104,7 @@ def _hopper():
 def test_gemv_wgmma_matches_reference(N, K, M):
     """The TMA + wgmma variant (sm_90a; written in session 35 without a GPU, passed in session 36): the default config, one split with 2
     stages (the pipeline's phases wrap around many times), and the most splits (a cluster of 8 summing through
-    distributed shared memory) with 64 and 128 rows per CTA against fp64, NaN-poisoned output, fresh inputs twice; the most splits in a CUDA graph
+    distributed shared memory; 16 where K allows) with 64 and 128 rows per CTA against fp64, NaN-poisoned output, fresh inputs twice; the most splits in a CUDA graph
     replayed with refilled inputs. M = 13, 17, 40 leave the x tile's last rows to the TMA's zero fill; N = 3216 and
     2320 a partial last row tile."""
     if not _hopper():
@@ -116,6 +116,8 @@ def test_gemv_wgmma_matches_reference(N, K, M):
     cands = (gemv.wg_default(N, K, b), gemv.wg_config(N, K, b, 1, 2), gemv.wg_config(N, K, b, ks[-1], 4),
              gemv.wg_config(N, K, b, ks[-1], 4, BN=128))
     assert None not in cands and cands[2]["KS"] > 1
+    if K % (64 * gemv.WG_KS_WIDE) == 0:             # a non-portable cluster of 16 (the tuner's, session 36)
+        cands += (gemv.wg_config(N, K, b, gemv.WG_KS_WIDE, 4),)
     _gemv_configs_match_reference(N, K, M, list({str(c): c for c in cands}.values()), cands[2])
 
 
