@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s141           # (not run) K3FUSE_MLA_CMMA_TOK=4: bitwise tests, memcheck, A/Bs M = 16-64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s140           # (not run) why 3216x7168's wgmma entry at bucket 16 lost in the layer
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s139           # (not run) wgmma clusters of 14-16: tests, memcheck, shapes, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s138           # the wgmma table entries: tests, M = 64 rows, e2e M = 64, 16
@@ -838,6 +839,14 @@ PY
             --ms 64,32,16 --pairs 8
     fi
     tar czf "$OUT/logs_s139.tgz" -C "$L" .
+elif [ "$part" = s141 ]; then     # session 36 (not run): the tensor-core combine over 4 tokens per CTA
+    # (K3FUSE_MLA_CMMA_TOK=4: 2x the CTAs; s128's ncu: 48 / 96 CTAs, long-scoreboard bound, 12% warps active, 15-17 us).
+    # Predicted: the combine ~1.5x faster, -5..-10 us per MLA layer at M = 64, less at TP8 M = 16-32
+    pytests cmma_tok 200 tests/test_mla_kernel_gpu.py -k "combine_mma_tokens_bitwise"
+    K3FUSE_MLA_CMMA_TOK=4 memcheck memcheck_cmma_tok 90 tests/test_mla_kernel_gpu.py -k "combine_mma_matches_reference and 40-12-None"
+    ab_run cmma_tok_m64 150 --var K3FUSE_MLA_CMMA_TOK=8,4 --kinds mla --tp 16,8 --ms 64 --pairs 8
+    ab_run cmma_tok_tp8 120 --var K3FUSE_MLA_CMMA_TOK=8,4 --kinds mla --tp 8 --ms 32,16 --pairs 8
+    tar czf "$OUT/logs_s141.tgz" -C "$L" .
 elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overlay lost +8.4 us at KDA TP16 M = 16.
     # Suspect (by elimination): 3216x7168's wgmma entry at bucket 16 (8% faster standalone). The A/B of that one entry
     # over the table (16 pairs), then the op ledger of the row with and without it (which kernels move)

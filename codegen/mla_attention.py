@@ -277,12 +277,32 @@ def pv_unroll(arch: Optional[str]) -> bool:
 
 def combine_mma_reason(v: int, C: int) -> Optional[str]:
     """None if the tensor-core combine (template CMMA) takes these widths, else why not: 8 warps merge the 8 tokens
-    of a CTA and each owns a 16-row tile of W_UV, a lane C / 32 columns (16-byte vectors of bf16)."""
+    of a CTA and each owns a 16-row tile of W_UV, a lane C / 32 columns (16-byte vectors of bf16). With 4 tokens per
+    CTA (combine_mma_tokens) the v / 16 warps share each token's columns: v / 64 warps a token, C / 256 a multiple
+    of that."""
     if v % 16 or not 8 <= v // 16 <= 32:
         return f"v = {v}: the tensor-core combine takes 8-32 tiles of 16 rows"
     if C % 256 or C % (32 * CMMA_UD):
         return f"C = {C}: the tensor-core combine takes multiples of 256"
+    tok = combine_mma_tokens()
+    if tok != 8 and ((v // 16) % tok or C % (256 * (v // 16 // tok))):
+        return f"v = {v}, C = {C}: {tok} tokens per CTA need v / 16 warps a multiple of {tok} sharing C in 8-column lanes"
     return None
+
+
+CMMA_TOKENS = (8, 4)      # tokens per tensor-core-combine CTA K3FUSE_MLA_CMMA_TOK takes (8: the MMA's n-tile, default)
+
+
+def combine_mma_tokens() -> int:
+    """K3FUSE_MLA_CMMA_TOK=4 (an A/B knob, session 36, not yet run on a GPU; default 8): the tensor-core combine over
+    4 tokens per CTA, twice the CTAs (48 -> 96 at TP16 M = 64, where ncu showed it long-scoreboard bound at 12% warps
+    active), two warps merging each token's halves of the columns; W_UV then crosses L2 twice as often. Read when a
+    kernel is rendered (the memo keys on it) and by the launcher (the grid follows the source's MT3)."""
+    v = os.environ.get("K3FUSE_MLA_CMMA_TOK", "").strip()
+    tok = int(v) if v else CMMA_TOKENS[0]
+    if tok not in CMMA_TOKENS:
+        raise ValueError(f"K3FUSE_MLA_CMMA_TOK={v!r}: one of {CMMA_TOKENS}")
+    return tok
 
 
 def combine_mma_choice(M: int, h: int) -> bool:
@@ -326,6 +346,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 PREFETCH=one_g is not None and one_prefetch(), CPRE=combine_preload(C, one_g is not None),
                 **({"RB3": rb3} if rb3 else {}),      # absent when off: the same source
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
+                **({"CTOK": combine_mma_tokens()} if cmma and combine_mma_tokens() != 8 else {}),   # absent: the same source
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
                 **({"PV_UNROLL": False} if pv_mma(hp, r, C, tt) and not pv_unroll(arch) else {}))
 
@@ -364,7 +385,8 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
-            combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt))
+            combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
+            combine_mma_tokens() if cmma else 8)
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch)
@@ -372,7 +394,9 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
                 config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits),
                             append_eps=eps, gate=bool(gate), out=_dtname(out_dtype), one_launch_ctas=one_g,
-                            pipe=bool(pipe), **({"combine_mma": True} if cmma else {})))
+                            pipe=bool(pipe), **({"combine_mma": True} if cmma else {}),
+                            **({"combine_mma_tokens": combine_mma_tokens()} if cmma and combine_mma_tokens() != 8
+                               else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 

@@ -932,6 +932,37 @@ def test_mla_combine_mma_compiles(arch, h, gated, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("h,gated", [(6, True), (12, False)])
+def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
+    """K3FUSE_MLA_CMMA_TOK=4: the tensor-core combine over 4 tokens per CTA. Unset (8) the source is the same as
+    before the knob; with 4 it differs only in the combine (MT3 = 4, two merging warps per token), whose entry keeps
+    the MMAs (C / 32 k-steps x 2), one CTA barrier, no local memory, and predicates the MMA's unused columns off
+    the stores; other values are refused; widths the shared columns do not divide are refused with a reason."""
+    monkeypatch.delenv("K3FUSE_MLA_CMMA_TOK", raising=False)
+    args = dict(h=h, **K3, scale=SCALE, splits=(4, 1), append_eps=1e-6 if gated else None, gate=gated,
+                out_dtype="bfloat16" if gated else "float32")
+    eight = ma.render_source(**args, cmma=True, arch=arch)
+    assert "MT3 = 8 " in eight and "WPT3" not in eight and ma.combine_mma_tokens() == 8
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_TOK", "4")
+    four = ma.render_source(**args, cmma=True, arch=arch)
+    assert "MT3 = 4 " in four and "WPT3 = NW3 // MT3" in four
+    assert four[four.index("def qabsorb_phase"):four.index("def combine_mma_kernel")] == \
+        eight[eight.index("def qabsorb_phase"):eight.index("def combine_mma_kernel")]      # qabsorb, split: untouched
+    assert ma.render_source(**args) == ma.render_source(**args, cmma=False)            # no combine MMA: no change
+    assert ma.combine_mma_reason(128, 512) is None and ma.combine_mma_reason(160, 512)  # 10 warps, 4 tokens
+    assert ma.combine_mma_reason(128, 256)                                            # 2 x 128 columns: 4 a lane
+    k = ma.build(**args, arch=arch, load=False, cmma=True)
+    assert k.source == four
+    body = entries(open(k.files["kernel.ptx"]).read())["combine_mma_kernel"]
+    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", body)) == K3["C"] // 32 * 2
+    assert len(re.findall(r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0", body)) == 1
+    assert "ld.local" not in body and "st.local" not in body
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_TOK", "2")
+    with pytest.raises(ValueError, match="K3FUSE_MLA_CMMA_TOK"):
+        ma.render_source(**args, cmma=True)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("h,one", [(6, False), (12, True), (16, False)])
 def test_mla_pv_mma_compiles(arch, h, one, monkeypatch):
     """K3FUSE_MLA_PVMMA (default 1): the split kernel's PV step on tensor cores. 0, the sources have no PV MMAs; on

@@ -401,6 +401,24 @@ def test_mla_combine_mma_matches_reference(M, h, n_split, monkeypatch, seed):
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
 
+@pytest.mark.parametrize("n_split", [None, 5])
+@pytest.mark.parametrize("M,h", [(16, 6), (17, 12), (40, 12), (64, 6), (64, 12)])
+def test_mla_combine_mma_tokens_bitwise(M, h, n_split, monkeypatch, seed):
+    """K3FUSE_MLA_CMMA_TOK=4 (the tensor-core combine over 4 tokens per CTA, two warps per token's columns; written in
+    session 36 without a GPU): bitwise the 8-token combine (the same sums in the same order; the MMA's unused columns
+    not stored), NaN-poisoned outputs, M not a multiple of 4 or 8 (17, 40); the launcher built the 4-token kernel."""
+    monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
+    args = inputs(M, h, 700, [(37 * i + 5) % 699 for i in range(M)])
+    want = run_kernel(args, n_split=n_split, one=False)
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_TOK", "4")
+    seen = _records_builds(monkeypatch)
+    got = run_kernel(args, n_split=n_split, one=False)
+    torch.cuda.synchronize()
+    assert [k.get("cmma") for k, _ in seen] == [True] and "MT3 = 4" in seen[0][1]
+    assert torch.isfinite(got).all() and torch.equal(got, want)
+    assert rel(got, reference(*args, SCALE)) < 1e-2
+
+
 @pytest.mark.parametrize("h,gated", [(6, True), (12, True), (6, False)])
 def test_mla_combine_mma_append_gate_and_graph(h, gated, monkeypatch, seed):
     """K3FUSE_MLA_CMMA=1 with the append + gate variant at bucket 64's 4x1 splits (M = 40): the checks of
