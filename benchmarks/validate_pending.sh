@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s142           # (not run) K3FUSE_MLA_ASYNC=1 (cp.async tile ring): tests, memcheck, A/Bs M = 8-64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s141           # (not run) K3FUSE_MLA_CMMA_TOK=4: bitwise tests, memcheck, A/Bs M = 16-64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s140           # (not run) why 3216x7168's wgmma entry at bucket 16 lost in the layer
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s139           # (not run) wgmma clusters of 14-16: tests, memcheck, shapes, A/B
@@ -839,6 +840,23 @@ PY
             --ms 64,32,16 --pairs 8
     fi
     tar czf "$OUT/logs_s139.tgz" -C "$L" .
+elif [ "$part" = s142 ]; then     # session 36 (not run): the MLA split kernel's cache tiles by cp.async into a two-tile
+    # ring (K3FUSE_MLA_ASYNC=1): its bitwise tests (a smoke case first: a wrong wait would hang or mismatch), memcheck,
+    # every MLA GPU test with it on, then the A/Bs. s128's ncu at M = 64: 2 CTAs per SM, DRAM at 28% of peak, 62-70 us
+    # under ncu; at M = 64 each split has 2 tiles, so one exposed DRAM round trip per CTA instead of three.
+    # Predicted: the split kernel -25..-40% at TP16 (h = 6: still 2 CTAs per SM), -10..-20 us per MLA layer at M = 64;
+    # TP8 (h = 12: 1 CTA per SM with the ring) unclear
+    pytests async_smoke 90 tests/test_mla_kernel_gpu.py -k "async_tiles_bitwise and 64-1024-6-None"
+    if ! grep -q "passed" "$L/log_async_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_async_smoke.txt"; then
+        echo "s142: the smoke case failed; stopping" | tee -a "$S"; tail -30 "$L/log_async_smoke.txt"
+        tar czf "$OUT/logs_s142.tgz" -C "$L" .; exit 1
+    fi
+    pytests async 150 tests/test_mla_kernel_gpu.py -k "async_tiles_bitwise"
+    K3FUSE_MLA_ASYNC=1 memcheck memcheck_async 100 tests/test_mla_kernel_gpu.py -k "async_tiles_bitwise and 17-700-12-7"
+    ab_run async_m64 150 --var K3FUSE_MLA_ASYNC=0,1 --kinds mla --tp 16,8 --ms 64 --pairs 8
+    ab_run async_mid 150 --var K3FUSE_MLA_ASYNC=0,1 --kinds mla --tp 16,8 --ms 32,16,8 --pairs 8
+    K3FUSE_MLA_ASYNC=1 pytests mla_all_async 240 tests/test_mla_kernel_gpu.py
+    tar czf "$OUT/logs_s142.tgz" -C "$L" .
 elif [ "$part" = s141 ]; then     # session 36 (not run): the tensor-core combine over 4 tokens per CTA
     # (K3FUSE_MLA_CMMA_TOK=4: 2x the CTAs; s128's ncu: 48 / 96 CTAs, long-scoreboard bound, 12% warps active, 15-17 us).
     # Predicted: the combine ~1.5x faster, -5..-10 us per MLA layer at M = 64, less at TP8 M = 16-32

@@ -127,6 +127,17 @@ def pipe_for(M: int, h: int, mma: bool = True) -> bool:
     return mma or not (M == 1 and h > 8)
 
 
+def async_for(hp: int, r: int, C: int, pipe: bool, one: bool, tt: int = DEFAULT_TT) -> bool:
+    """K3FUSE_MLA_ASYNC=1 (an A/B knob, session 36, not yet run on a GPU; default off): the split kernel's cache tiles
+    by cp.async into a ring of two shared-memory tiles, tile i + 1's copies issued before tile i is worked on and the
+    first tile's before the queries', so that no tile's DRAM round trip is exposed and no registers hold it (PIPE
+    holds the next tile in registers: 182-186 of them, so it runs only where the grid fits the SMs; s128's ncu at
+    M = 64: 2 CTAs per SM, DRAM at 28% of peak). With HP <= 8 the queries' zero rows 8-15 come from registers, not
+    shared memory, so the second tile still leaves two CTAs per SM. Where PIPE or the one-launch kernel runs, or the
+    score / PV steps are not on tensor cores, off. Read when a kernel is rendered (the memo keys on it)."""
+    return (os.environ.get("K3FUSE_MLA_ASYNC", "0") == "1" and not pipe and not one and pv_mma(hp, r, C, tt))
+
+
 def mma_scores(hp: int, r: int, C: int, tt: int = DEFAULT_TT) -> bool:
     """The split kernel's score step on tensor cores (m16n8k16 bf16 MMAs, the query as bf16 hi + lo halves), where
     HP <= 16 heads fill one MMA tile, C + r is a multiple of 32 and the tile a whole number of 8-token n-tiles over
@@ -142,13 +153,16 @@ def padded_heads(h: int) -> int:
     return -(-h // HG) * HG
 
 
-def smem_bytes(h: int, r: int, C: int, tt: int = DEFAULT_TT) -> int:
+def smem_bytes(h: int, r: int, C: int, tt: int = DEFAULT_TT, asy: bool = False) -> int:
     """Shared memory of the split kernel: scaled queries, the padded cache tile, probabilities, max / sum / alpha
     (with the MMA score step: the queries as 16 bf16 hi + lo rows, rows padded by 64 bytes, the k-shares' partial
     scores)."""
     hp = padded_heads(h)
     if mma_scores(hp, r, C, tt):
         kh = THREADS // 32 // (tt // 8)
+        if asy:                             # two tiles; the query rows past 8 not stored where HP <= 8
+            return 2 * (8 if hp <= 8 else 16) * (C + r + 32) * 2 + 2 * tt * (C + r + 32) * 2 + (1 + kh) * tt * hp * 4 \
+                + 3 * hp * 4
         return 2 * 16 * (C + r + 32) * 2 + tt * (C + r + 32) * 2 + (1 + kh) * tt * hp * 4 + 3 * hp * 4
     return hp * (C + r) * 4 + tt * (C + r + 8) * 2 + tt * hp * 4 + 3 * hp * 4
 
@@ -329,7 +343,7 @@ def combine_mma_on(M: int, h: int, v: int, C: int, ns: int, one_g: Optional[int]
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                     gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False,
-                    cmma: bool = False, arch: Optional[str] = None) -> dict:
+                    cmma: bool = False, arch: Optional[str] = None, asy: bool = False) -> dict:
     hp = padded_heads(h)
     rb3 = combine_batch(v, splits, one_g is not None)
     nch = (C + r) // 8
@@ -348,24 +362,32 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
                 **({"CTOK": combine_mma_tokens()} if cmma and combine_mma_tokens() != 8 else {}),   # absent: the same source
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
+                **({"ASYNC": True} if asy else {}),                                # absent when off: the same source
                 **({"PV_UNROLL": False} if pv_mma(hp, r, C, tt) and not pv_unroll(arch) else {}))
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                   tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                   gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False,
-                  cmma: bool = False, arch: Optional[str] = None) -> str:
+                  cmma: bool = False, arch: Optional[str] = None, asy: bool = False) -> str:
     """append_eps: the mla_append_attention_ variant (the cache append in qabsorb, with kv_a_layernorm's eps);
     gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast); one_g: the
     one-launch variant with that many CTAs (None: three launches); pipe: the split kernel's tile pipeline; cmma:
-    the tensor-core combine (three launches only; combine_mma_choice); arch: the target (pv_unroll)."""
+    the tensor-core combine (three launches only; combine_mma_choice); arch: the target (pv_unroll); asy: the split
+    kernel's cp.async tile ring (async_for: three launches, no PIPE, the score and PV steps on tensor cores)."""
     why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C) or (one_g is not None and one_ok(v, splits, one_g))
     if cmma:
         why = why or combine_mma_reason(v, C) or (one_g is not None and "the tensor-core combine has three launches")
+    if asy:
+        why = why or ((pipe or one_g is not None or not pv_mma(padded_heads(h), r, C, tt))
+                      and "the cp.async tile ring takes three launches without PIPE, the score and PV steps on tensor "
+                          "cores")
+        why = why or (smem_bytes(h, r, C, tt, True) > 200 * 1024 and
+                      f"{smem_bytes(h, r, C, tt, True)} bytes of shared memory with the cp.async tile ring")
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits, append_eps, gate,
-                                              out_dtype, one_g, pipe, cmma, arch))
+                                              out_dtype, one_g, pipe, cmma, arch, asy))
 
 
 _built: dict = {}
@@ -374,7 +396,7 @@ _built: dict = {}
 def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
           q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True,
           splits=DEFAULT_SPLITS, append_eps: Optional[float] = None, gate: bool = False, out_dtype="float32",
-          one_g: Optional[int] = None, pipe: bool = False, cmma: bool = False):
+          one_g: Optional[int] = None, pipe: bool = False, cmma: bool = False, asy: bool = False):
     """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile, the append / gate
     variant, one launch of one_g CTAs or three, the combine on tensor cores or not) and arch. The rendered source
     bakes every one of these, so the cache key (sha256 of source + arch) covers them."""
@@ -386,15 +408,16 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
             combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
-            combine_mma_tokens() if cmma else 8)
+            combine_mma_tokens() if cmma else 8, bool(asy))
     if memo in _built:
         return _built[memo]
-    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch)
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch, asy)
     op = OP_APPEND if eps is not None else OP
     meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
                 config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits),
                             append_eps=eps, gate=bool(gate), out=_dtname(out_dtype), one_launch_ctas=one_g,
                             pipe=bool(pipe), **({"combine_mma": True} if cmma else {}),
+                            **({"cp_async_tiles": True} if asy else {}),
                             **({"combine_mma_tokens": combine_mma_tokens()} if cmma and combine_mma_tokens() != 8
                                else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
@@ -624,9 +647,10 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     # SM: where the grid fits
     pipe = pipe_for(M, h, mma_scores(padded_heads(h), r, C)) and (G or M * ns) <= sms
     cmma = combine_mma_on(M, h, v, C, ns, G)
+    asy = async_for(padded_heads(h), r, C, pipe, G is not None)
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G,
-                 pipe=pipe, cmma=cmma)
+                 pipe=pipe, cmma=cmma, **({"asy": True} if asy else {}))
     f32 = torch.float32
     qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)

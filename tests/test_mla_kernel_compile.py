@@ -932,6 +932,52 @@ def test_mla_combine_mma_compiles(arch, h, gated, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("h", [6, 12])
+def test_mla_async_tiles_compiles(arch, h, monkeypatch, tmp_path, capfd):
+    """K3FUSE_MLA_ASYNC=1: the split kernel's cache tiles by cp.async into a ring of two shared-memory tiles. The
+    choice: only with the knob, three launches and no PIPE. The source without it is unchanged. With it the split
+    entry has 2 x NLD 16-byte cp.async copies (the first tile's before the queries', the next one's in the loop),
+    one commit group each, a wait for all but the newest; the same MMAs as without; no local memory, and ptxas
+    spills nothing. With HP <= 8 the query rows 8-15 are not read from shared memory (2 x 9 fewer 16-byte shared
+    loads), so the two tiles still fit two CTAs per SM (which the launch asks for); at h = 12 one CTA per SM (no
+    register cap). Other variants are refused with a reason."""
+    import cutlass.cute as cute
+    hp = ma.padded_heads(h)
+    monkeypatch.delenv("K3FUSE_MLA_ASYNC", raising=False)
+    assert not ma.async_for(hp, K3["r"], K3["C"], False, False)
+    monkeypatch.setenv("K3FUSE_MLA_ASYNC", "1")
+    assert ma.async_for(hp, K3["r"], K3["C"], False, False)
+    assert not ma.async_for(hp, K3["r"], K3["C"], True, False) and not ma.async_for(hp, K3["r"], K3["C"], False, True)
+    args = dict(h=h, **K3, scale=SCALE, splits=(4, 1))
+    with pytest.raises(ValueError, match="cp.async"):
+        ma.render_source(**args, pipe=True, asy=True)
+    plain, src = ma.render_source(**args, arch=arch), ma.render_source(**args, arch=arch, asy=True)
+    assert "cpasync" not in plain and "cpasync.CopyG2SOp" in src
+    two_ctas = 2 * (ma.smem_bytes(h, K3["r"], K3["C"], asy=True) + 1024) <= 228 * 1024
+    assert two_ctas == (hp <= 8)
+    launch = [ln for ln in src.splitlines() if "split_kernel(" in ln and ".launch(" in ln][0]
+    assert ("min_blocks_per_mp=2" in launch) == two_ctas
+    k = ma.build(**args, arch=arch, load=False, asy=True)
+    k0 = ma.build(**args, arch=arch, load=False)
+    body, body0 = (entries(open(x.files["kernel.ptx"]).read())["split_kernel"] for x in (k, k0))
+    nld = -(-32 * (K3["C"] + K3["r"]) // 8 // 256)
+    assert len(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^\]]+\], \[[^\]]+\], 16", body)) == 2 * nld
+    assert body.count("cp.async.commit_group") == 2 and re.findall(r"cp\.async\.wait_group\s+(\d+)", body) == ["1"]
+    mma = r"mma\.sync\.aligned\.m16n8k16"
+    assert len(re.findall(mma, body)) == len(re.findall(mma, body0)) > 0
+    lds = r"ld\.shared\.v4"
+    assert len(re.findall(lds, body)) == len(re.findall(lds, body0)) - (2 * (-(-(K3["C"] + K3["r"]) // 32 // 2))
+                                                                         if hp <= 8 else 0)
+    assert "ld.local" not in body and "st.local" not in body
+    mod = kcompile._import_source(src, f"mla_async_{h}_{arch}", tmp_path)
+    capfd.readouterr()
+    cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
+    out = "".join(capfd.readouterr())
+    spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", out)
+    assert spills and all(a == "0" and b == "0" for a, b in spills), out[-2000:]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("h,gated", [(6, True), (12, False)])
 def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
     """K3FUSE_MLA_CMMA_TOK=4: the tensor-core combine over 4 tokens per CTA. Unset (8) the source is the same as

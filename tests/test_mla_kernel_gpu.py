@@ -401,6 +401,26 @@ def test_mla_combine_mma_matches_reference(M, h, n_split, monkeypatch, seed):
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
 
+@pytest.mark.parametrize("n_split", [None, 7])
+@pytest.mark.parametrize("M,T,h", [(3, 1000, 6), (17, 700, 12), (40, 700, 6), (64, 1024, 6), (64, 1024, 12)])
+def test_mla_async_tiles_bitwise(M, T, h, n_split, monkeypatch, seed):
+    """K3FUSE_MLA_ASYNC=1 (the split kernel's cache tiles by cp.async into a two-tile ring; written in session 36
+    without a GPU): bitwise the register-loaded tiles (both without PIPE, which would take precedence), with
+    nan / inf garbage in the cache rows past seq_lens (the ring stores zeros there, never reads them), ragged seq_lens (empty and one-tile
+    splits at 7 splits), NaN-poisoned output; against the reference; the launcher built the ring variant."""
+    monkeypatch.setenv("K3FUSE_MLA_PIPE", "0")
+    sl = [(37 * i + 5) % T for i in range(M)]
+    args = inputs(M, h, T, sl)                      # the rows past seq_lens: 1e4-scale garbage with a nan and an inf
+    want = run_kernel(args, n_split=n_split, one=False)
+    monkeypatch.setenv("K3FUSE_MLA_ASYNC", "1")
+    seen = _records_builds(monkeypatch)
+    got = run_kernel(args, n_split=n_split, one=False)
+    torch.cuda.synchronize()
+    assert [k.get("asy") for k, _ in seen] == [True] and "cpasync.CopyG2SOp" in seen[0][1]
+    assert torch.isfinite(got).all() and torch.equal(got, want)
+    assert rel(got, reference(*args, SCALE)) < 1e-2
+
+
 @pytest.mark.parametrize("n_split", [None, 5])
 @pytest.mark.parametrize("M,h", [(16, 6), (17, 12), (40, 12), (64, 6), (64, 12)])
 def test_mla_combine_mma_tokens_bitwise(M, h, n_split, monkeypatch, seed):
