@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s143           # (not run; after s142) K3FUSE_MLA_ASYNC=1 at M = 8-32; all MLA GPU tests with it
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s142           # (not run) K3FUSE_MLA_ASYNC=1 (cp.async tile ring): tests, memcheck, A/Bs M = 8-64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s141           # (not run) K3FUSE_MLA_CMMA_TOK=4: bitwise tests, memcheck, A/Bs M = 16-64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s140           # (not run) why 3216x7168's wgmma entry at bucket 16 lost in the layer
@@ -812,7 +813,7 @@ PY
 elif [ "$part" = s139 ]; then     # session 36 (not run): the wgmma GEMM with clusters of 14-16 splits (the tuner's
     # candidates where 8 splits leave fewer than 112 CTAs: 768x7168, 1536x7168 at BN = 128, 1152x1536 at BN = 128).
     # Predicted: 768x7168 from 40-44% of copy (96 CTAs) toward 55% with 168-192; -0.5..-1 us per such GEMM standalone
-    pytests wgmma_wide 200 tests/test_kernels_gpu.py -k "wgmma_matches_reference and (768-7168 or 3216-7168)"
+    pytests wgmma_wide 150 tests/test_kernels_gpu.py -k "wgmma_matches_reference and (768-7168 or 3216-7168)"
     memcheck memcheck_wgmma_wide 90 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168-17"
     timeout 200 python3 benchmarks/gpu_kernels.py --out "$L/gk_wide" --shapes 768x7168,1536x7168,1152x1536 \
         --ms 16,32,64 --tune --variants wgmma > "$L/gk_wide.txt" 2>&1
@@ -836,8 +837,8 @@ json.dump({"entries": keep}, open(sys.argv[2], "w"), indent=1, sort_keys=True)
 print("wide overlay:", sum(len(e) for e in keep.values()), "entries ->", sys.argv[2])
 PY
     if grep -q '"gemv' "$OUT/wgmma_wide_overlay.json" 2>/dev/null; then
-        ab_run wgmma_wide 200 --var K3FUSE_TUNING_OVERLAY=none,$OUT/wgmma_wide_overlay.json --kinds kda,mla --tp 16,8 \
-            --ms 64,32,16 --pairs 8
+        ab_run wgmma_wide 170 --var K3FUSE_TUNING_OVERLAY=none,$OUT/wgmma_wide_overlay.json --kinds kda,mla --tp 16,8 \
+            --ms 64,32 --pairs 8
     fi
     tar czf "$OUT/logs_s139.tgz" -C "$L" .
 elif [ "$part" = s142 ]; then     # session 36 (not run): the MLA split kernel's cache tiles by cp.async into a two-tile
@@ -854,9 +855,12 @@ elif [ "$part" = s142 ]; then     # session 36 (not run): the MLA split kernel's
     pytests async 150 tests/test_mla_kernel_gpu.py -k "async_tiles_bitwise"
     K3FUSE_MLA_ASYNC=1 memcheck memcheck_async 100 tests/test_mla_kernel_gpu.py -k "async_tiles_bitwise and 17-700-12-7"
     ab_run async_m64 150 --var K3FUSE_MLA_ASYNC=0,1 --kinds mla --tp 16,8 --ms 64 --pairs 8
-    ab_run async_mid 150 --var K3FUSE_MLA_ASYNC=0,1 --kinds mla --tp 16,8 --ms 32,16,8 --pairs 8
-    K3FUSE_MLA_ASYNC=1 pytests mla_all_async 240 tests/test_mla_kernel_gpu.py
     tar czf "$OUT/logs_s142.tgz" -C "$L" .
+elif [ "$part" = s143 ]; then     # session 36 (not run; after s142): K3FUSE_MLA_ASYNC=1 at M = 8-32, then every MLA
+    # GPU test with it on (the append + gate variant, graphs, the one-launch and PIPE paths that decline it)
+    ab_run async_mid 150 --var K3FUSE_MLA_ASYNC=0,1 --kinds mla --tp 16,8 --ms 32,16,8 --pairs 8
+    K3FUSE_MLA_ASYNC=1 pytests mla_all_async 300 tests/test_mla_kernel_gpu.py
+    tar czf "$OUT/logs_s143.tgz" -C "$L" .
 elif [ "$part" = s141 ]; then     # session 36 (not run): the tensor-core combine over 4 tokens per CTA
     # (K3FUSE_MLA_CMMA_TOK=4: 2x the CTAs; s128's ncu: 48 / 96 CTAs, long-scoreboard bound, 12% warps active, 15-17 us).
     # Predicted: the combine ~1.5x faster, -5..-10 us per MLA layer at M = 64, less at TP8 M = 16-32
