@@ -132,10 +132,28 @@ def async_for(hp: int, r: int, C: int, pipe: bool, one: bool, tt: int = DEFAULT_
     by cp.async into a ring of two shared-memory tiles, tile i + 1's copies issued before tile i is worked on and the
     first tile's before the queries', so that no tile's DRAM round trip is exposed and no registers hold it (PIPE
     holds the next tile in registers: 182-186 of them, so it runs only where the grid fits the SMs; s128's ncu at
-    M = 64: 2 CTAs per SM, DRAM at 28% of peak). With HP <= 8 the queries' zero rows 8-15 come from registers, not
-    shared memory, so the second tile still leaves two CTAs per SM. Where PIPE or the one-launch kernel runs, or the
+    M = 64: 2 CTAs per SM, DRAM at 28% of peak). Only the HP real query rows are in shared memory (the MMA's rows
+    HP .. 15 are zeros in registers), so with the second tile two CTAs still fit per SM up to HP = 12
+    (async_two_ctas; asked for at HP > 8 only with K3FUSE_MLA_ASYNC=2: async_mode). Where PIPE or the one-launch kernel runs, or the
     score / PV steps are not on tensor cores, off. Read when a kernel is rendered (the memo keys on it)."""
-    return (os.environ.get("K3FUSE_MLA_ASYNC", "0") == "1" and not pipe and not one and pv_mma(hp, r, C, tt))
+    return async_mode() > 0 and not pipe and not one and pv_mma(hp, r, C, tt)
+
+
+def async_mode() -> int:
+    """K3FUSE_MLA_ASYNC: 0 (default) off; 1 the cp.async ring, two CTAs per SM (<= 128 registers) where HP <= 8 and
+    one elsewhere; 2 also two at HP = 9-12, where the shared memory fits them but ptxas spills a few words at the
+    register cap (h = 12: 8 on sm_90a; session 36, CPU)."""
+    v = os.environ.get("K3FUSE_MLA_ASYNC", "0").strip() or "0"
+    if v not in ("0", "1", "2"):
+        raise ValueError(f"K3FUSE_MLA_ASYNC={v!r}: 0, 1 or 2")
+    return int(v)
+
+
+def async_two_ctas(h: int, r: int, C: int, tt: int = DEFAULT_TT) -> bool:
+    """Whether two CTAs of the split kernel with the cp.async ring fit an SM's 228 KB (1 KB reserved per CTA): up to
+    HP = 12 at K3's widths (h = 12: 111.8 KB). Where they fit and async_mode() allows, its launch asks for two
+    (<= 128 registers)."""
+    return 2 * (smem_bytes(h, r, C, tt, True) + 1024) <= 228 * 1024
 
 
 def mma_scores(hp: int, r: int, C: int, tt: int = DEFAULT_TT) -> bool:
@@ -160,9 +178,8 @@ def smem_bytes(h: int, r: int, C: int, tt: int = DEFAULT_TT, asy: bool = False) 
     hp = padded_heads(h)
     if mma_scores(hp, r, C, tt):
         kh = THREADS // 32 // (tt // 8)
-        if asy:                             # two tiles; the query rows past 8 not stored where HP <= 8
-            return 2 * (8 if hp <= 8 else 16) * (C + r + 32) * 2 + 2 * tt * (C + r + 32) * 2 + (1 + kh) * tt * hp * 4 \
-                + 3 * hp * 4
+        if asy:                             # two tiles; only the HP real query rows
+            return 2 * hp * (C + r + 32) * 2 + 2 * tt * (C + r + 32) * 2 + (1 + kh) * tt * hp * 4 + 3 * hp * 4
         return 2 * 16 * (C + r + 32) * 2 + tt * (C + r + 32) * 2 + (1 + kh) * tt * hp * 4 + 3 * hp * 4
     return hp * (C + r) * 4 + tt * (C + r + 8) * 2 + tt * hp * 4 + 3 * hp * 4
 
@@ -362,7 +379,8 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
                 **({"CTOK": combine_mma_tokens()} if cmma and combine_mma_tokens() != 8 else {}),   # absent: the same source
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
-                **({"ASYNC": True} if asy else {}),                                # absent when off: the same source
+                **({"ASYNC": True, "ASYNC_2CTA": async_two_ctas(h, r, C, tt) and (hp <= 8 or async_mode() == 2)}
+                   if asy else {}),                                                # absent when off: the same source
                 **({"PV_UNROLL": False} if pv_mma(hp, r, C, tt) and not pv_unroll(arch) else {}))
 
 
@@ -408,7 +426,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
             combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
-            combine_mma_tokens() if cmma else 8, bool(asy))
+            combine_mma_tokens() if cmma else 8, async_mode() if asy else 0)
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch, asy)
