@@ -547,6 +547,15 @@ def test_kernels_cli_plans_groups():
     jobs1, _ = kernels_cli.plan("k3", 1, [1], "sm_90a")
     assert ((3584, 12288), 1) in {(tuple(j["shape"]["N"]), j["bucket"]) for j in jobs1
                                   if j["op"] == "k3fuse::linear_group"}
+    # where the H200 table names the wgmma variant for the concatenated shape (3216 x 7168 at bucket 64, session 36)
+    # the group has no kernel (one launch per member at runtime): listed as skipped with why, not built
+    jobs64, skipped64 = kernels_cli.plan("k3", 16, [64], "sm_90a")
+    assert not [j for j in jobs64 if j["op"] == "k3fuse::linear_group"
+                and tuple(j["shape"]["N"]) == (768, 768, 768, 768, 128, 6)]
+    assert [s["reason"] for s in skipped64 if s["op"] == "k3fuse::linear_group"
+            and tuple(s["shape"]["N"]) == (768, 768, 768, 768, 128, 6)] == \
+        ["the wgmma variant has no grouped form (one launch per member); the members run as k3fuse::linear"]
+    assert not [j for j in jobs64 if j["op"].startswith("k3fuse::linear_group") and j["config"]["variant"] == "wgmma"]
 
 
 def test_plan_follows_runtime_choices(monkeypatch):
