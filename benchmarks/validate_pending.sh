@@ -873,7 +873,7 @@ elif [ "$part" = s141 ]; then     # session 36 (not run): the tensor-core combin
 elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overlay lost +8.4 us at KDA TP16 M = 16.
     # Suspect (by elimination): 3216x7168's wgmma entry at bucket 16 (8% faster standalone). The A/B of that one entry
     # over the table (16 pairs), then the op ledger of the row with and without it (which kernels move)
-    OV=benchmarks/results/wgmma_overlay_in_proj16.json
+    OV=benchmarks/overlays/wgmma_in_proj16.json
     ab_run in_proj16 150 --var K3FUSE_TUNING_OVERLAY=none,$OV --kinds kda --tp 16 --ms 16 --pairs 16
     for v in none $OV; do
         t=$(basename "$v" .json)
@@ -895,17 +895,17 @@ elif [ "$part" = s138 ]; then     # session 36: the H200 table's wgmma entries (
     echo "e2e M=64,16 rc=$?" | tee -a "$S"; tail -6 "$L/e2e.txt" | tee -a "$S"
     cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s138.tgz" -C "$L" .
-elif [ "$part" = s137 ]; then     # session 36: s136's overlay refined (wgmma_overlay_r1.json): the entries under 5%
+elif [ "$part" = s137 ]; then     # session 36: s136's overlay refined (benchmarks/overlays/wgmma_s137_r1.json): the entries under 5%
     # standalone gain dropped, and the two suspects of s136's losses (3216x7168 at bucket 16: KDA TP16 M = 16 +8.4;
     # 1536x7168 at 64: KDA TP8 M = 64 +5.3); the same A/Bs
-    OV=benchmarks/results/wgmma_overlay_r1.json
+    OV=benchmarks/overlays/wgmma_s137_r1.json
     ab_run wgmma_r1_m64 150 --var K3FUSE_TUNING_OVERLAY=none,$OV --kinds kda,mla --tp 16,8 --ms 64 --pairs 8
     ab_run wgmma_r1_m32 150 --var K3FUSE_TUNING_OVERLAY=none,$OV --kinds kda,mla --tp 16,8 --ms 32,16 --pairs 8
     tar czf "$OUT/logs_s137.tgz" -C "$L" .
 elif [ "$part" = s136 ]; then     # session 35 (not run): the layer A/Bs of s135's wgmma overlay (commit s135's
-    # $OUT/wgmma_overlay.json as benchmarks/results/wgmma_overlay.json first: the wgmma GEMM only where it won per shape),
+    # $OUT/wgmma_overlay.json as benchmarks/overlays/wgmma_s135_all.json first: the wgmma GEMM only where it won per shape),
     # then the variant forced everywhere (K3FUSE_GEMV_WGMMA=1) for comparison
-    OV=benchmarks/results/wgmma_overlay.json
+    OV=benchmarks/overlays/wgmma_s135_all.json
     [ -f "$OV" ] || { echo "s136: $OV missing (s135's overlay)" | tee -a "$S"; exit 1; }
     # the member lists' owner test as rewritten in session 35's review (the scan's first-member test instead of the popc
     # rank: equivalent by construction, not yet run): the MoE tensor-core GPU tests
