@@ -393,8 +393,7 @@ def build_job(job: dict, arch: str):
         return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
                                    splits=c["splits"], append_eps=c.get("append_eps"), gate=c.get("gate", False),
                                    out_dtype=c.get("out", "float32"), pipe=c.get("pipe", False),
-                                   one_g=c.get("one_g"), cmma=c.get("cmma", False),
-                                   **({"asy": True} if c.get("asy") else {}))
+                                   one_g=c.get("one_g"), cmma=c.get("cmma", False), asy=c.get("asy", False))
     if job["family"] == "moe_experts":
         from . import moe_experts
         s, c = job["shape"], job["config"]

@@ -134,8 +134,9 @@ def async_for(hp: int, r: int, C: int, pipe: bool, one: bool, tt: int = DEFAULT_
     holds the next tile in registers: 182-186 of them, so it runs only where the grid fits the SMs; s128's ncu at
     M = 64: 2 CTAs per SM, DRAM at 28% of peak). Only the HP real query rows are in shared memory (the MMA's rows
     HP .. 15 are zeros in registers), so with the second tile two CTAs still fit per SM up to HP = 12
-    (async_two_ctas; asked for at HP > 8 only with K3FUSE_MLA_ASYNC=2: async_mode). Where PIPE or the one-launch kernel runs, or the
-    score / PV steps are not on tensor cores, off. Read when a kernel is rendered (the memo keys on it)."""
+    (async_two_ctas; asked for at HP > 8 only with K3FUSE_MLA_ASYNC=2: async_mode). Off where PIPE or the
+    one-launch kernel runs, or the score / PV steps are not on tensor cores. Read when a kernel is rendered (the
+    memo keys on it)."""
     return async_mode() > 0 and not pipe and not one and pv_mma(hp, r, C, tt)
 
 
@@ -178,9 +179,8 @@ def smem_bytes(h: int, r: int, C: int, tt: int = DEFAULT_TT, asy: bool = False) 
     hp = padded_heads(h)
     if mma_scores(hp, r, C, tt):
         kh = THREADS // 32 // (tt // 8)
-        if asy:                             # two tiles; only the HP real query rows
-            return 2 * hp * (C + r + 32) * 2 + 2 * tt * (C + r + 32) * 2 + (1 + kh) * tt * hp * 4 + 3 * hp * 4
-        return 2 * 16 * (C + r + 32) * 2 + tt * (C + r + 32) * 2 + (1 + kh) * tt * hp * 4 + 3 * hp * 4
+        qrows, tiles = (hp, 2) if asy else (16, 1)     # the cp.async ring: two tiles, only the HP real query rows
+        return 2 * qrows * (C + r + 32) * 2 + tiles * tt * (C + r + 32) * 2 + (1 + kh) * tt * hp * 4 + 3 * hp * 4
     return hp * (C + r) * 4 + tt * (C + r + 8) * 2 + tt * hp * 4 + 3 * hp * 4
 
 
@@ -668,7 +668,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     asy = async_for(padded_heads(h), r, C, pipe, G is not None)
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G,
-                 pipe=pipe, cmma=cmma, **({"asy": True} if asy else {}))
+                 pipe=pipe, cmma=cmma, asy=asy)
     f32 = torch.float32
     qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)

@@ -173,7 +173,8 @@ def _concurrent_fns(x, weights, situ_member: int = -1, beta=None, linear_beta=No
 
 def _not_concurrent(cfg) -> bool:
     """A member whose route is a generated GEMV kernel sized for the whole GPU; cuBLAS (None) and the wgmma variant
-    (K3FUSE_GEMV_WGMMA: grids of ~1 wave or less at K3's small shapes) run concurrently on side streams."""
+    (a table entry or K3FUSE_GEMV_WGMMA: grids of ~1 wave or less at K3's small shapes) run concurrently on side
+    streams."""
     return cfg is not None and cfg["variant"] != "wgmma"
 
 
