@@ -862,6 +862,15 @@ elif [ "$part" = s143 ]; then     # session 36 (not run; after s142): K3FUSE_MLA
     ab_run async2_tp8 100 --var K3FUSE_MLA_ASYNC=1,2 --kinds mla --tp 8 --ms 64,32 --pairs 8   # h = 12: 1 vs 2 CTAs/SM
     K3FUSE_MLA_ASYNC=1 pytests mla_all_async 300 tests/test_mla_kernel_gpu.py
     tar czf "$OUT/logs_s143.tgz" -C "$L" .
+elif [ "$part" = s144 ]; then     # session 37: s142 won at TP16 M = 64 (-7.8 us, 8 / 8) and lost at TP8 (+14.1, mode 1 =
+    # 1 CTA per SM at h = 12). Here: s141's combine (the same lines), mode 2 at TP8 (2 CTAs per SM, ~8 spilled words),
+    # and the ring at TP16 M = 16, 32
+    pytests cmma_tok 200 tests/test_mla_kernel_gpu.py -k "combine_mma_tokens_bitwise"
+    K3FUSE_MLA_CMMA_TOK=4 memcheck memcheck_cmma_tok 90 tests/test_mla_kernel_gpu.py -k "combine_mma_matches_reference and 40-12-None"
+    ab_run cmma_tok_m64 150 --var K3FUSE_MLA_CMMA_TOK=8,4 --kinds mla --tp 16,8 --ms 64 --pairs 8
+    ab_run async2_tp8 100 --var K3FUSE_MLA_ASYNC=0,2 --kinds mla --tp 8 --ms 64 --pairs 8   # h = 12: 2 CTAs/SM, spills
+    ab_run async_tp16 120 --var K3FUSE_MLA_ASYNC=0,1 --kinds mla --tp 16 --ms 32,16 --pairs 8
+    tar czf "$OUT/logs_s144.tgz" -C "$L" .
 elif [ "$part" = s141 ]; then     # session 36 (not run): the tensor-core combine over 4 tokens per CTA
     # (K3FUSE_MLA_CMMA_TOK=4: 2x the CTAs; s128's ncu: 48 / 96 CTAs, long-scoreboard bound, 12% warps active, 15-17 us).
     # Predicted: the combine ~1.5x faster, -5..-10 us per MLA layer at M = 64, less at TP8 M = 16-32
