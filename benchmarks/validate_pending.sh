@@ -862,6 +862,20 @@ elif [ "$part" = s143 ]; then     # session 36 (not run; after s142): K3FUSE_MLA
     ab_run async2_tp8 100 --var K3FUSE_MLA_ASYNC=1,2 --kinds mla --tp 8 --ms 64,32 --pairs 8   # h = 12: 1 vs 2 CTAs/SM
     K3FUSE_MLA_ASYNC=1 pytests mla_all_async 300 tests/test_mla_kernel_gpu.py
     tar czf "$OUT/logs_s143.tgz" -C "$L" .
+elif [ "$part" = s145 ]; then     # session 37: the ring (h = 6, buckets 16-64) and the 4-token combine (bucket 64) as the
+    # defaults (ASYNC_BY_HEADS / CMMA_TOK_BY_HEADS): the three-launch MLA GPU tests with them, the 4-token combine at TP8
+    # M = 16, 32 (h = 12, where the combine is on tensor cores from bucket 16), the MLA M = 64 rows, end to end
+    pytests mla_defaults 240 tests/test_mla_kernel_gpu.py -k "not one_launch and not head_groups"
+    ab_run cmma_tok_tp8_mid 100 --var K3FUSE_MLA_CMMA_TOK=8,4 --kinds mla --tp 8 --ms 32,16 --pairs 8
+    timeout 150 python3 benchmarks/layer_bench.py --out "$L" --kinds mla --tp 16,8 --ms 64 --skip inductor \
+        --top 16 --tag _m64 > "$L/lb_m64.txt" 2>&1
+    echo "layer M=64 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_m64.json "$L"/layer_bench_m64.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s145.tgz" -C "$L" .
+    timeout 120 python3 benchmarks/gpu_e2e_smoke.py --out "$L" --configs k3tp16 --ms 64,16 --steps 16 > "$L/e2e.txt" 2>&1
+    echo "e2e M=64,16 rc=$?" | tee -a "$S"; tail -6 "$L/e2e.txt" | tee -a "$S"
+    cp "$L"/gpu_e2e_smoke.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s145.tgz" -C "$L" .
 elif [ "$part" = s144 ]; then     # session 37: s142 won at TP16 M = 64 (-7.8 us, 8 / 8) and lost at TP8 (+14.1, mode 1 =
     # 1 CTA per SM at h = 12). Here: s141's combine (the same lines), mode 2 at TP8 (2 CTAs per SM, ~8 spilled words),
     # and the ring at TP16 M = 16, 32

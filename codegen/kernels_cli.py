@@ -298,9 +298,10 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                 and (g or b * ns) <= PLAN_SMS
             # the combine on tensor cores, as the launcher chooses it (three launches, the bucket in CMMA_BY_HEADS)
             cmma = mla_attention.combine_mma_on(b, h, v, C, ns, g)
-            asy = mla_attention.async_for(mla_attention.padded_heads(h), r, C, pipe, g is not None)  # K3FUSE_MLA_ASYNC
-            by_splits.setdefault(splits + (pipe, g, cmma, asy), []).append(b)
-        for (qs, vs, pipe, g, cmma, asy), bs in by_splits.items():
+            ctok = mla_attention.combine_tokens_for(b, h, v, C) if cmma else 8
+            asy = mla_attention.async_for(b, h, r, C, pipe, g is not None)     # the cp.async ring's mode (0: off)
+            by_splits.setdefault(splits + (pipe, g, cmma, ctok, asy), []).append(b)
+        for (qs, vs, pipe, g, cmma, ctok, asy), bs in by_splits.items():
             # one head group: pass fuse_mla_append_and_gate's op (the cache append + output gate variant); more:
             # its CUDA impl falls back to the plain kernel per group (the append runs once, in ATen)
             fused = groups == 1
@@ -309,12 +310,12 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                              shape=dict(h=h, n=n, v=v, r=r, C=C), bucket=bs[0],
                              config=dict(scale=(n + r) ** -0.5, splits=[qs, vs], buckets=bs, pipe=pipe,
                                          **({"one_g": g} if g else {}), **({"cmma": True} if cmma else {}),
-                                         **({"asy": True} if asy else {}),
+                                         **({"asy": asy} if asy else {}), **({"ctok": ctok} if ctok != 8 else {}),
                                          **({"append_eps": cfg.mla_lora_norm_eps, "gate": True, "out": "bfloat16"}
                                             if fused else {})),
                              name=f"mla_{'append_' if fused else ''}attention_h{h}_c{C}_qs{qs}_vs{vs}"
                                   f"{'_pipe' if pipe else ''}{f'_one{g}' if g else ''}{'_cmma' if cmma else ''}"
-                                  f"{'_async' if asy else ''}",
+                                  f"{'_tok4' if ctok != 8 else ''}{'_async' if asy else ''}",
                              **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
         for cl, bs in by_cl.items():
             # pass fuse_q_b_into_mla_attention's op: the kernel computes q itself where its cluster splits W_qb
@@ -393,7 +394,8 @@ def build_job(job: dict, arch: str):
         return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
                                    splits=c["splits"], append_eps=c.get("append_eps"), gate=c.get("gate", False),
                                    out_dtype=c.get("out", "float32"), pipe=c.get("pipe", False),
-                                   one_g=c.get("one_g"), cmma=c.get("cmma", False), asy=c.get("asy", False))
+                                   one_g=c.get("one_g"), cmma=c.get("cmma", False), asy=int(c.get("asy", 0)),
+                                   ctok=c.get("ctok", 8))
     if job["family"] == "moe_experts":
         from . import moe_experts
         s, c = job["shape"], job["config"]

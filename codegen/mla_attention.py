@@ -127,24 +127,33 @@ def pipe_for(M: int, h: int, mma: bool = True) -> bool:
     return mma or not (M == 1 and h > 8)
 
 
-def async_for(hp: int, r: int, C: int, pipe: bool, one: bool, tt: int = DEFAULT_TT) -> bool:
-    """K3FUSE_MLA_ASYNC=1 (an A/B knob, session 36, not yet run on a GPU; default off): the split kernel's cache tiles
-    by cp.async into a ring of two shared-memory tiles, tile i + 1's copies issued before tile i is worked on and the
-    first tile's before the queries', so that no tile's DRAM round trip is exposed and no registers hold it (PIPE
-    holds the next tile in registers: 182-186 of them, so it runs only where the grid fits the SMs; s128's ncu at
-    M = 64: 2 CTAs per SM, DRAM at 28% of peak). Only the HP real query rows are in shared memory (the MMA's rows
-    HP .. 15 are zeros in registers), so with the second tile two CTAs still fit per SM up to HP = 12
-    (async_two_ctas; asked for at HP > 8 only with K3FUSE_MLA_ASYNC=2: async_mode). Off where PIPE or the
-    one-launch kernel runs, or the score / PV steps are not on tensor cores. Read when a kernel is rendered (the
-    memo keys on it)."""
-    return async_mode() > 0 and not pipe and not one and pv_mma(hp, r, C, tt)
+# heads per rank -> batch buckets where the split kernel's cp.async tile ring is the default (K3FUSE_MLA_ASYNC unset).
+# Measured on the H200 (2026-12-04, RESULTS.md "Session 37", layer_ab.py --var K3FUSE_MLA_ASYNC=0,1 --kinds mla, 8
+# ABBA pairs): TP16 (h = 6) M = 64 -7.8 us (8 / 8), 32 -4.9 (8 / 8), 16 -3.2 (8 / 8); TP8 (h = 12) M = 64 +14.1
+# (1 / 8; one CTA per SM) and with mode 2 (two, ~8 spilled words) +9.3 (1 / 8): not listed.
+ASYNC_BY_HEADS: dict = {6: (16, 32, 64)}
 
 
-def async_mode() -> int:
-    """K3FUSE_MLA_ASYNC: 0 (default) off; 1 the cp.async ring, two CTAs per SM (<= 128 registers) where HP <= 8 and
-    one elsewhere; 2 also two at HP = 9-12, where the shared memory fits them but ptxas spills a few words at the
-    register cap (h = 12: 8 on sm_90a; session 36, CPU)."""
-    v = os.environ.get("K3FUSE_MLA_ASYNC", "0").strip() or "0"
+def async_for(M: int, h: int, r: int, C: int, pipe: bool, one: bool, tt: int = DEFAULT_TT) -> int:
+    """The split kernel's cp.async tile ring at batch M with h heads per rank: 0 off, else its mode (async_mode). The
+    cache tiles go by cp.async into a ring of two shared-memory tiles, tile i + 1's copies issued before tile i is
+    worked on and the first tile's before the queries', so that no tile's DRAM round trip is exposed and no registers
+    hold it (PIPE holds the next tile in registers: 182-186 of them, so it runs only where the grid fits the SMs;
+    s128's ncu at M = 64: 2 CTAs per SM, DRAM at 28% of peak). Only the HP real query rows are in shared memory (the
+    MMA's rows HP .. 15 are zeros in registers), so with the second tile two CTAs still fit per SM up to HP = 12
+    (async_two_ctas). Off where PIPE or the one-launch kernel runs, or the score / PV steps are not on tensor cores.
+    Read at each launch; the mode is passed to build (the memo keys on it)."""
+    hp = padded_heads(h)
+    return async_mode(M, h) if not pipe and not one and pv_mma(hp, r, C, tt) else 0
+
+
+def async_mode(M: int, h: int) -> int:
+    """K3FUSE_MLA_ASYNC: 0 off; 1 the cp.async ring, two CTAs per SM (<= 128 registers) where HP <= 8 and one
+    elsewhere; 2 also two at HP = 9-12, where the shared memory fits them but ptxas spills a few words at the
+    register cap (h = 12: 8 on sm_90a; session 36, CPU); unset: 1 where ASYNC_BY_HEADS lists (h, M's bucket), else 0."""
+    v = os.environ.get("K3FUSE_MLA_ASYNC", "").strip()
+    if not v:
+        return int(bucket_for(M) in ASYNC_BY_HEADS.get(h, ()))
     if v not in ("0", "1", "2"):
         raise ValueError(f"K3FUSE_MLA_ASYNC={v!r}: 0, 1 or 2")
     return int(v)
@@ -152,7 +161,7 @@ def async_mode() -> int:
 
 def async_two_ctas(h: int, r: int, C: int, tt: int = DEFAULT_TT) -> bool:
     """Whether two CTAs of the split kernel with the cp.async ring fit an SM's 228 KB (1 KB reserved per CTA): up to
-    HP = 12 at K3's widths (h = 12: 111.8 KB). Where they fit and async_mode() allows, its launch asks for two
+    HP = 12 at K3's widths (h = 12: 111.8 KB). Where they fit and the ring's mode allows, its launch asks for two
     (<= 128 registers)."""
     return 2 * (smem_bytes(h, r, C, tt, True) + 1024) <= 228 * 1024
 
@@ -306,7 +315,7 @@ def pv_unroll(arch: Optional[str]) -> bool:
     return arch is None or arch in PV_UNROLL_ARCHES
 
 
-def combine_mma_reason(v: int, C: int) -> Optional[str]:
+def combine_mma_reason(v: int, C: int, tok: int = 8) -> Optional[str]:
     """None if the tensor-core combine (template CMMA) takes these widths, else why not: 8 warps merge the 8 tokens
     of a CTA and each owns a 16-row tile of W_UV, a lane C / 32 columns (16-byte vectors of bf16). With 4 tokens per
     CTA (combine_mma_tokens) the v / 16 warps share each token's columns: v / 64 warps a token, C / 256 a multiple
@@ -315,22 +324,28 @@ def combine_mma_reason(v: int, C: int) -> Optional[str]:
         return f"v = {v}: the tensor-core combine takes 8-32 tiles of 16 rows"
     if C % 256 or C % (32 * CMMA_UD):
         return f"C = {C}: the tensor-core combine takes multiples of 256"
-    tok = combine_mma_tokens()
     if tok != 8 and ((v // 16) % tok or C % (256 * (v // 16 // tok))):
         return f"v = {v}, C = {C}: {tok} tokens per CTA need v / 16 warps a multiple of {tok} sharing C in 8-column lanes"
     return None
 
 
-CMMA_TOKENS = (8, 4)      # tokens per tensor-core-combine CTA K3FUSE_MLA_CMMA_TOK takes (8: the MMA's n-tile, default)
+CMMA_TOKENS = (8, 4)      # tokens per tensor-core-combine CTA K3FUSE_MLA_CMMA_TOK takes (8: the MMA's n-tile)
+# heads per rank -> batch buckets where the tensor-core combine takes 4 tokens per CTA (K3FUSE_MLA_CMMA_TOK unset).
+# Measured on the H200 (2026-12-04, RESULTS.md "Session 37", layer_ab.py --var K3FUSE_MLA_CMMA_TOK=8,4 --kinds mla,
+# 8 ABBA pairs): TP16 (h = 6) M = 64 -3.0 us (8 / 8), TP8 (h = 12) M = 64 -2.5 (6 / 8).
+CMMA_TOK_BY_HEADS: dict = {6: (64,), 12: (64,)}
 
 
-def combine_mma_tokens() -> int:
-    """K3FUSE_MLA_CMMA_TOK=4 (an A/B knob, session 36, not yet run on a GPU; default 8): the tensor-core combine over
-    4 tokens per CTA, twice the CTAs (48 -> 96 at TP16 M = 64, where ncu showed it long-scoreboard bound at 12% warps
-    active), two warps merging each token's halves of the columns; W_UV then crosses L2 twice as often. Read when a
-    kernel is rendered (the memo keys on it) and by the launcher (the grid follows the source's MT3)."""
+def combine_mma_tokens(M: int, h: int) -> int:
+    """Tokens per CTA of the tensor-core combine at batch M with h heads per rank: 4 (twice the CTAs: 48 -> 96 at
+    TP16 M = 64, where ncu showed the 8-token combine long-scoreboard bound at 12% warps active; two warps merge each
+    token's halves of the columns, W_UV crosses L2 twice as often) or 8 (the MMA's n-tile). K3FUSE_MLA_CMMA_TOK=8 / 4
+    forces it; unset: 4 where CMMA_TOK_BY_HEADS lists (h, M's bucket). Read at each launch; passed to build (the memo
+    and the source's MT3 follow it, and the launcher's grid follows MT3)."""
     v = os.environ.get("K3FUSE_MLA_CMMA_TOK", "").strip()
-    tok = int(v) if v else CMMA_TOKENS[0]
+    if not v:
+        return 4 if bucket_for(M) in CMMA_TOK_BY_HEADS.get(h, ()) else 8
+    tok = int(v) if v.isdigit() else 0
     if tok not in CMMA_TOKENS:
         raise ValueError(f"K3FUSE_MLA_CMMA_TOK={v!r}: one of {CMMA_TOKENS}")
     return tok
@@ -357,10 +372,17 @@ def combine_mma_on(M: int, h: int, v: int, C: int, ns: int, one_g: Optional[int]
     return one_g is None and ns <= CMMA_MAX_SPLITS and combine_mma_choice(M, h) and combine_mma_reason(v, C) is None
 
 
+def combine_tokens_for(M: int, h: int, v: int, C: int) -> int:
+    """The tensor-core combine's tokens per CTA the launcher takes: combine_mma_tokens, or 8 where the widths do not
+    share columns among 4 tokens (combine_mma_reason)."""
+    tok = combine_mma_tokens(M, h)
+    return tok if combine_mma_reason(v, C, tok) is None else 8
+
+
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                     gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False,
-                    cmma: bool = False, arch: Optional[str] = None, asy: bool = False) -> dict:
+                    cmma: bool = False, arch: Optional[str] = None, asy: int = 0, ctok: int = 8) -> dict:
     hp = padded_heads(h)
     rb3 = combine_batch(v, splits, one_g is not None)
     nch = (C + r) // 8
@@ -377,9 +399,9 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 PREFETCH=one_g is not None and one_prefetch(), CPRE=combine_preload(C, one_g is not None),
                 **({"RB3": rb3} if rb3 else {}),      # absent when off: the same source
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
-                **({"CTOK": combine_mma_tokens()} if cmma and combine_mma_tokens() != 8 else {}),   # absent: the same source
+                **({"CTOK": int(ctok)} if cmma and ctok != 8 else {}),                # absent: the same source
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
-                **({"ASYNC": True, "ASYNC_2CTA": async_two_ctas(h, r, C, tt) and (hp <= 8 or async_mode() == 2)}
+                **({"ASYNC": True, "ASYNC_2CTA": async_two_ctas(h, r, C, tt) and (hp <= 8 or asy == 2)}
                    if asy else {}),                                                # absent when off: the same source
                 **({"PV_UNROLL": False} if pv_mma(hp, r, C, tt) and not pv_unroll(arch) else {}))
 
@@ -387,15 +409,20 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                   tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                   gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False,
-                  cmma: bool = False, arch: Optional[str] = None, asy: bool = False) -> str:
+                  cmma: bool = False, arch: Optional[str] = None, asy: int = 0, ctok: int = 8) -> str:
     """append_eps: the mla_append_attention_ variant (the cache append in qabsorb, with kv_a_layernorm's eps);
     gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast); one_g: the
     one-launch variant with that many CTAs (None: three launches); pipe: the split kernel's tile pipeline; cmma:
     the tensor-core combine (three launches only; combine_mma_choice); arch: the target (pv_unroll); asy: the split
-    kernel's cp.async tile ring (async_for: three launches, no PIPE, the score and PV steps on tensor cores)."""
+    kernel's cp.async tile ring, 0 off or its mode 1 / 2 (async_for: three launches, no PIPE, the score and PV steps on
+    tensor cores); ctok: the tensor-core combine's tokens per CTA (combine_tokens_for)."""
     why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C) or (one_g is not None and one_ok(v, splits, one_g))
+    if ctok not in CMMA_TOKENS:
+        why = why or f"{ctok} tokens per tensor-core-combine CTA: one of {CMMA_TOKENS}"
     if cmma:
-        why = why or combine_mma_reason(v, C) or (one_g is not None and "the tensor-core combine has three launches")
+        why = why or combine_mma_reason(v, C, ctok) or (one_g is not None and "the tensor-core combine has three launches")
+    if asy not in (0, 1, 2):
+        why = why or f"cp.async tile ring mode {asy!r}: 0, 1 or 2"
     if asy:
         why = why or ((pipe or one_g is not None or not pv_mma(padded_heads(h), r, C, tt))
                       and "the cp.async tile ring takes three launches without PIPE, the score and PV steps on tensor "
@@ -405,7 +432,7 @@ def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype=
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits, append_eps, gate,
-                                              out_dtype, one_g, pipe, cmma, arch, asy))
+                                              out_dtype, one_g, pipe, cmma, arch, int(asy), int(ctok)))
 
 
 _built: dict = {}
@@ -414,7 +441,7 @@ _built: dict = {}
 def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
           q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True,
           splits=DEFAULT_SPLITS, append_eps: Optional[float] = None, gate: bool = False, out_dtype="float32",
-          one_g: Optional[int] = None, pipe: bool = False, cmma: bool = False, asy: bool = False):
+          one_g: Optional[int] = None, pipe: bool = False, cmma: bool = False, asy: int = 0, ctok: int = 8):
     """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile, the append / gate
     variant, one launch of one_g CTAs or three, the combine on tensor cores or not) and arch. The rendered source
     bakes every one of these, so the cache key (sha256 of source + arch) covers them."""
@@ -426,18 +453,18 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
             combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
-            combine_mma_tokens() if cmma else 8, async_mode() if asy else 0)
+            int(ctok) if cmma else 8, int(asy))
     if memo in _built:
         return _built[memo]
-    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch, asy)
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch, asy,
+                        ctok)
     op = OP_APPEND if eps is not None else OP
     meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
                 config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits),
                             append_eps=eps, gate=bool(gate), out=_dtname(out_dtype), one_launch_ctas=one_g,
                             pipe=bool(pipe), **({"combine_mma": True} if cmma else {}),
                             **({"cp_async_tiles": True} if asy else {}),
-                            **({"combine_mma_tokens": combine_mma_tokens()} if cmma and combine_mma_tokens() != 8
-                               else {})))
+                            **({"combine_mma_tokens": int(ctok)} if cmma and ctok != 8 else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
@@ -665,10 +692,10 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     # SM: where the grid fits
     pipe = pipe_for(M, h, mma_scores(padded_heads(h), r, C)) and (G or M * ns) <= sms
     cmma = combine_mma_on(M, h, v, C, ns, G)
-    asy = async_for(padded_heads(h), r, C, pipe, G is not None)
+    asy = async_for(M, h, r, C, pipe, G is not None)
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G,
-                 pipe=pipe, cmma=cmma, asy=asy)
+                 pipe=pipe, cmma=cmma, asy=asy, ctok=combine_tokens_for(M, h, v, C) if cmma else 8)
     f32 = torch.float32
     qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)

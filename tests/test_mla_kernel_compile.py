@@ -942,16 +942,23 @@ def test_mla_async_tiles_compiles(arch, h, monkeypatch, tmp_path, capfd):
     fewer 16-byte shared loads), so two CTAs fit per SM at h = 6 and 12; the launch asks for two at HP <= 8, at h = 12
     only with K3FUSE_MLA_ASYNC=2 (ptxas spills a few words at that register cap). Other variants are refused."""
     import cutlass.cute as cute
-    hp = ma.padded_heads(h)
+    hp, r, C = ma.padded_heads(h), K3["r"], K3["C"]
     monkeypatch.delenv("K3FUSE_MLA_ASYNC", raising=False)
-    assert not ma.async_for(hp, K3["r"], K3["C"], False, False)
+    # unset: mode 1 where ASYNC_BY_HEADS lists (h, bucket) (TP16's h = 6 at 16-64), off elsewhere and where PIPE runs
+    assert [ma.async_for(M, h, r, C, False, False) for M in (8, 9, 16, 40, 64)] == \
+        ([0, 1, 1, 1, 1] if h == 6 else [0, 0, 0, 0, 0])
+    assert ma.async_for(64, h, r, C, True, False) == 0 and ma.async_for(64, h, r, C, False, True) == 0
     monkeypatch.setenv("K3FUSE_MLA_ASYNC", "1")
-    assert ma.async_for(hp, K3["r"], K3["C"], False, False)
-    assert not ma.async_for(hp, K3["r"], K3["C"], True, False) and not ma.async_for(hp, K3["r"], K3["C"], False, True)
+    assert ma.async_for(1, h, r, C, False, False) == 1
+    assert ma.async_for(64, h, r, C, True, False) == 0 and ma.async_for(64, h, r, C, False, True) == 0
+    monkeypatch.setenv("K3FUSE_MLA_ASYNC", "0")
+    assert ma.async_for(64, h, r, C, False, False) == 0
     args = dict(h=h, **K3, scale=SCALE, splits=(4, 1))
     with pytest.raises(ValueError, match="cp.async"):
-        ma.render_source(**args, pipe=True, asy=True)
-    plain, src = ma.render_source(**args, arch=arch), ma.render_source(**args, arch=arch, asy=True)
+        ma.render_source(**args, pipe=True, asy=1)
+    with pytest.raises(ValueError, match="mode 3"):
+        ma.render_source(**args, asy=3)
+    plain, src = ma.render_source(**args, arch=arch), ma.render_source(**args, arch=arch, asy=1)
     assert "cpasync" not in plain and "cpasync.CopyG2SOp" in src
     def launch(src):
         return [ln for ln in src.splitlines() if "split_kernel(" in ln and ".launch(" in ln][0]
@@ -959,13 +966,11 @@ def test_mla_async_tiles_compiles(arch, h, monkeypatch, tmp_path, capfd):
     assert ma.smem_bytes(h, K3["r"], K3["C"], asy=True) == {6: 94792, 12: 111760}[h]
     assert ma.async_two_ctas(h, K3["r"], K3["C"]) and not ma.async_two_ctas(16, K3["r"], K3["C"])   # 123 KB at 16
     assert ("min_blocks_per_mp=2" in launch(src)) == (hp <= 8)     # h = 12: one CTA per SM unless mode 2
-    monkeypatch.setenv("K3FUSE_MLA_ASYNC", "2")
-    assert "min_blocks_per_mp=2" in launch(ma.render_source(**args, arch=arch, asy=True))
+    assert "min_blocks_per_mp=2" in launch(ma.render_source(**args, arch=arch, asy=2))
     monkeypatch.setenv("K3FUSE_MLA_ASYNC", "3")
     with pytest.raises(ValueError, match="K3FUSE_MLA_ASYNC"):
-        ma.async_for(hp, K3["r"], K3["C"], False, False)
-    monkeypatch.setenv("K3FUSE_MLA_ASYNC", "1")
-    k = ma.build(**args, arch=arch, load=False, asy=True)
+        ma.async_for(64, h, r, C, False, False)
+    k = ma.build(**args, arch=arch, load=False, asy=1)
     k0 = ma.build(**args, arch=arch, load=False)
     body, body0 = (entries(open(x.files["kernel.ptx"]).read())["split_kernel"] for x in (k, k0))
     nld = -(-32 * (K3["C"] + K3["r"]) // 8 // 256)
@@ -988,8 +993,8 @@ def test_mla_async_tiles_compiles(arch, h, monkeypatch, tmp_path, capfd):
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("h,gated", [(6, True), (12, False)])
 def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
-    """K3FUSE_MLA_CMMA_TOK=4: the tensor-core combine over 4 tokens per CTA. Unset (8) the source is the same as
-    before the knob; with 4 it differs only in the combine (MT3 = 4, two merging warps per token), whose entry keeps
+    """The tensor-core combine over 4 tokens per CTA (ctok = 4: K3FUSE_MLA_CMMA_TOK=4, or unset where CMMA_TOK_BY_HEADS
+    lists the bucket). With 8 the source is the same as before the knob; with 4 it differs only in the combine (MT3 = 4, two merging warps per token), whose entry keeps
     the MMAs (C / 32 k-steps x 2), one CTA barrier, no local memory, and predicates the MMA's unused columns off
     the stores; other values are refused; widths the shared columns do not divide are refused with a reason."""
     monkeypatch.delenv("K3FUSE_MLA_CMMA_TOK", raising=False)
@@ -997,24 +1002,32 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
                 out_dtype="bfloat16" if gated else "float32")
     eight = ma.render_source(**args, cmma=True, arch=arch)
     plain = ma.render_source(**args, arch=arch)
-    assert "MT3 = 8 " in eight and "WPT3" not in eight and ma.combine_mma_tokens() == 8
+    assert "MT3 = 8 " in eight and "WPT3" not in eight
+    # unset: 4 where CMMA_TOK_BY_HEADS lists (h, bucket) (bucket 64 at h = 6 and 12), else 8
+    assert [ma.combine_mma_tokens(M, h) for M in (16, 32, 33, 64)] == [8, 8, 4, 4]
+    assert ma.combine_tokens_for(64, h, 128, 512) == 4 and ma.combine_tokens_for(64, h, 160, 512) == 8
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_TOK", "8")
+    assert ma.combine_mma_tokens(64, h) == 8
     monkeypatch.setenv("K3FUSE_MLA_CMMA_TOK", "4")
-    four = ma.render_source(**args, cmma=True, arch=arch)
+    assert ma.combine_mma_tokens(16, h) == 4
+    four = ma.render_source(**args, cmma=True, arch=arch, ctok=4)
     assert "MT3 = 4 " in four and "WPT3 = NW3 // MT3" in four
     assert four[four.index("def qabsorb_phase"):four.index("def combine_mma_kernel")] == \
         eight[eight.index("def qabsorb_phase"):eight.index("def combine_mma_kernel")]      # qabsorb, split: untouched
     assert ma.render_source(**args, arch=arch) == plain                               # no combine MMA: no change
-    assert ma.combine_mma_reason(128, 512) is None and ma.combine_mma_reason(160, 512)  # 10 warps, 4 tokens
-    assert ma.combine_mma_reason(128, 256)                                            # 2 x 128 columns: 4 a lane
-    k = ma.build(**args, arch=arch, load=False, cmma=True)
+    assert ma.combine_mma_reason(128, 512, 4) is None and ma.combine_mma_reason(160, 512, 4)   # 10 warps, 4 tokens
+    assert ma.combine_mma_reason(160, 512) is None and ma.combine_mma_reason(128, 256, 4)  # 2 x 128 columns: 4 a lane
+    k = ma.build(**args, arch=arch, load=False, cmma=True, ctok=4)
     assert k.source == four
     body = entries(open(k.files["kernel.ptx"]).read())["combine_mma_kernel"]
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", body)) == K3["C"] // 32 * 2
     assert len(re.findall(r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0", body)) == 1
     assert "ld.local" not in body and "st.local" not in body
+    with pytest.raises(ValueError, match="2 tokens per tensor-core-combine CTA"):
+        ma.render_source(**args, cmma=True, ctok=2)
     monkeypatch.setenv("K3FUSE_MLA_CMMA_TOK", "2")
     with pytest.raises(ValueError, match="K3FUSE_MLA_CMMA_TOK"):
-        ma.render_source(**args, cmma=True)
+        ma.combine_mma_tokens(64, h)
 
 
 @pytest.mark.parametrize("arch", ARCHES)

@@ -401,15 +401,18 @@ def test_mla_combine_mma_matches_reference(M, h, n_split, monkeypatch, seed):
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
 
-def _bitwise_with_knob(monkeypatch, var, value, args, n_split, built_key, marker):
-    """The three-launch kernels' output with `var` = `value` against without it: bitwise equal, finite, near the
-    reference; the launcher built a kernel with `built_key` whose source has `marker` (the variant ran)."""
-    want = run_kernel(args, n_split=n_split, one=False)
-    monkeypatch.setenv(var, value)
+def _bitwise_with_knob(monkeypatch, var, base, value, args, n_split, built_key, marker):
+    """The three-launch kernels' output with `var` = `value` against `var` = `base` (the variant off; unset it may be
+    the default): bitwise equal, finite, near the reference; the launcher built a kernel with `built_key` whose source
+    has `marker` (the variant ran) and, with `base`, one without the marker."""
+    monkeypatch.setenv(var, base)
     seen = _records_builds(monkeypatch)
+    want = run_kernel(args, n_split=n_split, one=False)
+    assert len(seen) == 1 and marker not in seen[0][1]
+    monkeypatch.setenv(var, value)
     got = run_kernel(args, n_split=n_split, one=False)
     torch.cuda.synchronize()
-    assert [k.get(built_key) for k, _ in seen] == [True] and marker in seen[0][1]
+    assert len(seen) == 2 and bool(seen[1][0].get(built_key)) and marker in seen[1][1]
     assert torch.isfinite(got).all() and torch.equal(got, want)
     assert rel(got, reference(*args, SCALE)) < 1e-2
 
@@ -418,8 +421,8 @@ def _bitwise_with_knob(monkeypatch, var, value, args, n_split, built_key, marker
 @pytest.mark.parametrize("n_split", [None, 7])
 @pytest.mark.parametrize("M,T,h", [(3, 1000, 6), (17, 700, 12), (40, 700, 6), (64, 1024, 6), (64, 1024, 12)])
 def test_mla_async_tiles_bitwise(M, T, h, n_split, mode, monkeypatch, seed):
-    """K3FUSE_MLA_ASYNC=1 (the split kernel's cache tiles by cp.async into a two-tile ring; written in session 36
-    without a GPU): bitwise the register-loaded tiles (both without PIPE, which would take precedence), with nan /
+    """K3FUSE_MLA_ASYNC=1 (the split kernel's cache tiles by cp.async into a two-tile ring; the default where
+    ASYNC_BY_HEADS lists the bucket) against K3FUSE_MLA_ASYNC=0: bitwise the register-loaded tiles (both without PIPE, which would take precedence), with nan /
     inf garbage in the cache rows past seq_lens (the ring stores zeros there, never reads them), ragged seq_lens
     (empty and one-tile splits at 7 splits), NaN-poisoned output; against the reference; the ring variant ran. Mode 2:
     two CTAs per SM also at h = 12 (a few spilled words at the register cap)."""
@@ -428,18 +431,18 @@ def test_mla_async_tiles_bitwise(M, T, h, n_split, mode, monkeypatch, seed):
     monkeypatch.setenv("K3FUSE_MLA_PIPE", "0")
     sl = [(37 * i + 5) % T for i in range(M)]
     args = inputs(M, h, T, sl)                      # the rows past seq_lens: 1e4-scale garbage with a nan and an inf
-    _bitwise_with_knob(monkeypatch, "K3FUSE_MLA_ASYNC", mode, args, n_split, "asy", "cpasync.CopyG2SOp")
+    _bitwise_with_knob(monkeypatch, "K3FUSE_MLA_ASYNC", "0", mode, args, n_split, "asy", "cpasync.CopyG2SOp")
 
 
 @pytest.mark.parametrize("n_split", [None, 5])
 @pytest.mark.parametrize("M,h", [(16, 6), (17, 12), (40, 12), (64, 6), (64, 12)])
 def test_mla_combine_mma_tokens_bitwise(M, h, n_split, monkeypatch, seed):
-    """K3FUSE_MLA_CMMA_TOK=4 (the tensor-core combine over 4 tokens per CTA, two warps per token's columns; written in
-    session 36 without a GPU): bitwise the 8-token combine (the same sums in the same order; the MMA's unused columns
+    """K3FUSE_MLA_CMMA_TOK=4 (the tensor-core combine over 4 tokens per CTA, two warps per token's columns; the
+    default where CMMA_TOK_BY_HEADS lists the bucket): bitwise the 8-token combine (K3FUSE_MLA_CMMA_TOK=8) (the same sums in the same order; the MMA's unused columns
     not stored), NaN-poisoned outputs, M not a multiple of 4 or 8 (17, 40); the launcher built the 4-token kernel."""
     monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
     args = inputs(M, h, 700, [(37 * i + 5) % 699 for i in range(M)])
-    _bitwise_with_knob(monkeypatch, "K3FUSE_MLA_CMMA_TOK", "4", args, n_split, "cmma", "MT3 = 4")
+    _bitwise_with_knob(monkeypatch, "K3FUSE_MLA_CMMA_TOK", "8", "4", args, n_split, "cmma", "MT3 = 4")
 
 
 @pytest.mark.parametrize("h,gated", [(6, True), (12, True), (6, False)])
