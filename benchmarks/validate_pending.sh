@@ -35,9 +35,12 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s143           # (not run; after s142) K3FUSE_MLA_ASYNC=1 at M = 8-32; all MLA GPU tests with it
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s142           # (not run) K3FUSE_MLA_ASYNC=1 (cp.async tile ring): tests, memcheck, A/Bs M = 8-64
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s141           # (not run) K3FUSE_MLA_CMMA_TOK=4: bitwise tests, memcheck, A/Bs M = 16-64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s146           # (session 37) the 4-token combine at TP16 M = 16, 32; then s139
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s145           # (session 37) the ring + 4-token combine defaults: MLA GPU tests, TP8 M = 16-32 A/B, M = 64 rows, e2e
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s144           # (session 37) the 4-token combine; the ring's mode 2 at TP8; the ring at TP16 M = 16-32
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s143           # (superseded by s144 / s145) K3FUSE_MLA_ASYNC=1 at M = 8-32; all MLA GPU tests with it
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s142           # (session 37) K3FUSE_MLA_ASYNC=1 (cp.async tile ring): tests, memcheck, A/Bs M = 8-64
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s141           # (run as part of s144) K3FUSE_MLA_CMMA_TOK=4: bitwise tests, memcheck, A/Bs M = 16-64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s140           # (not run) why 3216x7168's wgmma entry at bucket 16 lost in the layer
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s139           # (not run) wgmma clusters of 14-16: tests, memcheck, shapes, A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s138           # the wgmma table entries: tests, M = 64 rows, e2e M = 64, 16
@@ -862,6 +865,10 @@ elif [ "$part" = s143 ]; then     # session 36 (not run; after s142): K3FUSE_MLA
     ab_run async2_tp8 100 --var K3FUSE_MLA_ASYNC=1,2 --kinds mla --tp 8 --ms 64,32 --pairs 8   # h = 12: 1 vs 2 CTAs/SM
     K3FUSE_MLA_ASYNC=1 pytests mla_all_async 300 tests/test_mla_kernel_gpu.py
     tar czf "$OUT/logs_s143.tgz" -C "$L" .
+elif [ "$part" = s146 ]; then     # session 37: the tensor-core combine at TP16 M = 16, 32 with 4 tokens per CTA (with 8 it
+    # was +0.6 / +5.8 in session 34: 24 / 12 CTAs; 4 tokens double them), then s139 (the wgmma clusters of 14-16)
+    K3FUSE_MLA_CMMA_TOK=4 ab_run cmma4_tp16 100 --var K3FUSE_MLA_CMMA=0,1 --kinds mla --tp 16 --ms 32,16 --pairs 8
+    bash "$0" s139
 elif [ "$part" = s145 ]; then     # session 37: the ring (h = 6, buckets 16-64) and the 4-token combine (bucket 64) as the
     # defaults (ASYNC_BY_HEADS / CMMA_TOK_BY_HEADS): the three-launch MLA GPU tests with them, the 4-token combine at TP8
     # M = 16, 32 (h = 12, where the combine is on tensor cores from bucket 16), the MLA M = 64 rows, end to end
