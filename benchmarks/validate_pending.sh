@@ -868,6 +868,8 @@ elif [ "$part" = s143 ]; then     # session 36 (not run; after s142): K3FUSE_MLA
 elif [ "$part" = s146 ]; then     # session 37: the tensor-core combine at TP16 M = 16, 32 with 4 tokens per CTA (with 8 it
     # was +0.6 / +5.8 in session 34: 24 / 12 CTAs; 4 tokens double them), then s139 (the wgmma clusters of 14-16)
     K3FUSE_MLA_CMMA_TOK=4 ab_run cmma4_tp16 100 --var K3FUSE_MLA_CMMA=0,1 --kinds mla --tp 16 --ms 32,16 --pairs 8
+    # with the ring (TP16) longer splits may pay: 8 -> 4 CTAs per SM at bucket 64 (NS 16-17 -> ~9, 4 tiles per split)
+    ab_run ring_ns 80 --var K3FUSE_MLA_CTAS_PER_SM=8,4 --kinds mla --tp 16 --ms 64 --pairs 8
     bash "$0" s139
 elif [ "$part" = s145 ]; then     # session 37: the ring (h = 6, buckets 16-64) and the 4-token combine (bucket 64) as the
     # defaults (ASYNC_BY_HEADS / CMMA_TOK_BY_HEADS): the three-launch MLA GPU tests with them, the 4-token combine at TP8
