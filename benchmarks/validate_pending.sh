@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s147           # (session 37) the final MLA defaults' remaining GPU tests; s146's A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s146           # (session 37) the 4-token combine at TP16 M = 16, 32; then s139
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s145           # (session 37) the ring + 4-token combine defaults: MLA GPU tests, TP8 M = 16-32 A/B, M = 64 rows, e2e
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s144           # (session 37) the 4-token combine; the ring's mode 2 at TP8; the ring at TP16 M = 16-32
@@ -865,6 +866,13 @@ elif [ "$part" = s143 ]; then     # session 36 (not run; after s142): K3FUSE_MLA
     ab_run async2_tp8 100 --var K3FUSE_MLA_ASYNC=1,2 --kinds mla --tp 8 --ms 64,32 --pairs 8   # h = 12: 1 vs 2 CTAs/SM
     K3FUSE_MLA_ASYNC=1 pytests mla_all_async 300 tests/test_mla_kernel_gpu.py
     tar czf "$OUT/logs_s143.tgz" -C "$L" .
+elif [ "$part" = s147 ]; then     # session 37: the final defaults (the ring at h = 6 buckets 16-64, 4 tokens per combine CTA
+    # at h = 6 bucket 64 and h = 12 buckets 16-64): the MLA GPU tests s145 did not reach in its 240 s (it passed the
+    # first ~76% of them), then s146's two A/Bs
+    pytests mla_rest 220 tests/test_mla_kernel_gpu.py -k "(tokens_bitwise or append_gate_and_graph or pv_mma or combine_mma_matches or async) and not one_launch"
+    K3FUSE_MLA_CMMA_TOK=4 ab_run cmma4_tp16 100 --var K3FUSE_MLA_CMMA=0,1 --kinds mla --tp 16 --ms 32,16 --pairs 8
+    ab_run ring_ns 80 --var K3FUSE_MLA_CTAS_PER_SM=8,4 --kinds mla --tp 16 --ms 64 --pairs 8
+    tar czf "$OUT/logs_s147.tgz" -C "$L" .
 elif [ "$part" = s146 ]; then     # session 37: the tensor-core combine at TP16 M = 16, 32 with 4 tokens per CTA (with 8 it
     # was +0.6 / +5.8 in session 34: 24 / 12 CTAs; 4 tokens double them), then s139 (the wgmma clusters of 14-16)
     K3FUSE_MLA_CMMA_TOK=4 ab_run cmma4_tp16 100 --var K3FUSE_MLA_CMMA=0,1 --kinds mla --tp 16 --ms 32,16 --pairs 8

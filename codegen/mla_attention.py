@@ -332,8 +332,9 @@ def combine_mma_reason(v: int, C: int, tok: int = 8) -> Optional[str]:
 CMMA_TOKENS = (8, 4)      # tokens per tensor-core-combine CTA K3FUSE_MLA_CMMA_TOK takes (8: the MMA's n-tile)
 # heads per rank -> batch buckets where the tensor-core combine takes 4 tokens per CTA (K3FUSE_MLA_CMMA_TOK unset).
 # Measured on the H200 (2026-12-04, RESULTS.md "Session 37", layer_ab.py --var K3FUSE_MLA_CMMA_TOK=8,4 --kinds mla,
-# 8 ABBA pairs): TP16 (h = 6) M = 64 -3.0 us (8 / 8), TP8 (h = 12) M = 64 -2.5 (6 / 8).
-CMMA_TOK_BY_HEADS: dict = {6: (64,), 12: (64,)}
+# 8 ABBA pairs): TP16 (h = 6) M = 64 -3.0 us (8 / 8); TP8 (h = 12) M = 64 -2.5 (6 / 8), 32 -3.1 (7 / 8), 16 -6.5
+# (7 / 8). (At h = 6 the combine is on tensor cores only at bucket 64: CMMA_BY_HEADS.)
+CMMA_TOK_BY_HEADS: dict = {6: (64,), 12: (16, 32, 64)}
 
 
 def combine_mma_tokens(M: int, h: int) -> int:

@@ -1003,8 +1003,9 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
     eight = ma.render_source(**args, cmma=True, arch=arch)
     plain = ma.render_source(**args, arch=arch)
     assert "MT3 = 8 " in eight and "WPT3" not in eight
-    # unset: 4 where CMMA_TOK_BY_HEADS lists (h, bucket) (bucket 64 at h = 6 and 12), else 8
-    assert [ma.combine_mma_tokens(M, h) for M in (16, 32, 33, 64)] == [8, 8, 4, 4]
+    # unset: 4 where CMMA_TOK_BY_HEADS lists (h, bucket) (bucket 64 at h = 6, 16-64 at h = 12), else 8
+    assert [ma.combine_mma_tokens(M, h) for M in (8, 16, 32, 33, 64)] == \
+        ([8, 8, 8, 4, 4] if h == 6 else [8, 4, 4, 4, 4])
     assert ma.combine_tokens_for(64, h, 128, 512) == 4 and ma.combine_tokens_for(64, h, 160, 512) == 8
     monkeypatch.setenv("K3FUSE_MLA_CMMA_TOK", "8")
     assert ma.combine_mma_tokens(64, h) == 8
