@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s148           # (session 37) h = 6's last defaults: MLA GPU tests at M >= 16, TP16 M = 32, 64 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s147           # (session 37) the final MLA defaults' remaining GPU tests; s146's A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s146           # (session 37) the 4-token combine at TP16 M = 16, 32; then s139
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s145           # (session 37) the ring + 4-token combine defaults: MLA GPU tests, TP8 M = 16-32 A/B, M = 64 rows, e2e
@@ -866,6 +867,14 @@ elif [ "$part" = s143 ]; then     # session 36 (not run; after s142): K3FUSE_MLA
     ab_run async2_tp8 100 --var K3FUSE_MLA_ASYNC=1,2 --kinds mla --tp 8 --ms 64,32 --pairs 8   # h = 12: 1 vs 2 CTAs/SM
     K3FUSE_MLA_ASYNC=1 pytests mla_all_async 300 tests/test_mla_kernel_gpu.py
     tar czf "$OUT/logs_s143.tgz" -C "$L" .
+elif [ "$part" = s148 ]; then     # session 37: the last defaults (h = 6: the tensor-core combine with 4 tokens from bucket 32,
+    # 4 CTAs per SM at bucket 64 with the ring): the MLA GPU tests at M >= 16, then the MLA TP16 M = 32, 64 rows
+    pytests mla_h6 150 tests/test_mla_kernel_gpu.py -k "combine_mma_matches or batched_rows or append_gate_and_graph or async_tiles_bitwise or tokens_bitwise"
+    timeout 100 python3 benchmarks/layer_bench.py --out "$L" --kinds mla --tp 16 --ms 32,64 --skip eager,inductor \
+        --top 16 --tag _m3264 > "$L/lb_m3264.txt" 2>&1
+    echo "layer M=32,64 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m3264.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_m3264.json "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s148.tgz" -C "$L" .
 elif [ "$part" = s147 ]; then     # session 37: the final defaults (the ring at h = 6 buckets 16-64, 4 tokens per combine CTA
     # at h = 6 bucket 64 and h = 12 buckets 16-64): the MLA GPU tests s145 did not reach in its 240 s (it passed the
     # first ~76% of them), then s146's two A/Bs

@@ -290,7 +290,7 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                 continue
             # the tile pipeline as the launcher takes it at a 1024-token context on 132 SMs (H100 / H200): where the
             # split grid fits one CTA per SM; other contexts may launch the same splits with the other choice
-            ns = mla_attention.n_splits(b, PLAN_CONTEXT, PLAN_SMS)
+            ns = mla_attention.n_splits(b, PLAN_CONTEXT, PLAN_SMS, h=h)
             splits = mla_attention.fit_splits(n, v, C, mla_attention.splits_for(b, h))
             g = mla_attention.one_grid(b, h, ns, splits)    # the one-launch variant where the launcher takes it
             g = g if groups == 1 and mla_attention.one_reason(b, v, splits, g, PLAN_SMS, h) is None else None

@@ -282,7 +282,9 @@ CMMA_MIN_BUCKET = 16      # K3FUSE_MLA_CMMA=1 takes the tensor-core combine from
 # H200 (2026-12-04, RESULTS.md "Session 34", layer_ab.py --var K3FUSE_MLA_CMMA=0,1 --kinds mla, 8 ABBA pairs): TP8
 # (h = 12) M = 64 -15.6 us (8 / 8), 32 -10.3 (7 / 8), 16 -1.5 (6 / 8); TP16 (h = 6) M = 64 -3.6 (8 / 8), 32 +0.6
 # (2 / 8), 16 +5.8 (0 / 8): about even at a grid of h x M / 8 = 24 CTAs (TP8 M = 16, TP16 M = 32), a win above.
-CMMA_BY_HEADS: dict = {6: (64,), 12: (16, 32, 64)}
+# Session 37 (RESULTS.md "Session 37", K3FUSE_MLA_CMMA=0,1 with 4 tokens per CTA and the ring on): TP16 M = 32 -2.3
+# (8 / 8), M = 16 -0.2 (4 / 8: not listed).
+CMMA_BY_HEADS: dict = {6: (32, 64), 12: (16, 32, 64)}
 CMMA_MAX_SPLITS = 64      # its per-warp merge weights in shared memory: NS <= this (n_splits() gives 16 at M = 64)
 CMMA_UD = 4               # its k-steps of 32 per W_UV load group (C = 512: 4 groups, double-buffered)
 
@@ -333,8 +335,8 @@ CMMA_TOKENS = (8, 4)      # tokens per tensor-core-combine CTA K3FUSE_MLA_CMMA_T
 # heads per rank -> batch buckets where the tensor-core combine takes 4 tokens per CTA (K3FUSE_MLA_CMMA_TOK unset).
 # Measured on the H200 (2026-12-04, RESULTS.md "Session 37", layer_ab.py --var K3FUSE_MLA_CMMA_TOK=8,4 --kinds mla,
 # 8 ABBA pairs): TP16 (h = 6) M = 64 -3.0 us (8 / 8); TP8 (h = 12) M = 64 -2.5 (6 / 8), 32 -3.1 (7 / 8), 16 -6.5
-# (7 / 8). (At h = 6 the combine is on tensor cores only at bucket 64: CMMA_BY_HEADS.)
-CMMA_TOK_BY_HEADS: dict = {6: (64,), 12: (16, 32, 64)}
+# (7 / 8). h = 6 bucket 32: measured only with 4 tokens (CMMA_BY_HEADS).
+CMMA_TOK_BY_HEADS: dict = {6: (32, 64), 12: (16, 32, 64)}
 
 
 def combine_mma_tokens(M: int, h: int) -> int:
@@ -480,23 +482,31 @@ def _sm_count(index: int) -> int:
 # --var K3FUSE_MLA_CTAS_PER_SM=2,8, MLA + MoE, 8 pairs, RESULTS.md "Session 32"): at M = 64 (5 -> 16 splits of a
 # 1024-token context) TP16 -13.8 us (8 / 8), TP8 -8.7 (8 / 8); at M = 32 (9 -> 16) +2.8 / +4.1, so not there.
 CTAS_PER_SM_BY_BUCKET = {64: 8}
+# heads per rank -> {bucket: CTAs per SM} over CTAS_PER_SM_BY_BUCKET. Session 37 (layer_ab.py --var
+# K3FUSE_MLA_CTAS_PER_SM=8,4, 8 pairs): TP16 (h = 6, with the cp.async ring of ASYNC_BY_HEADS: longer splits keep
+# the next tile in flight) M = 64 -4.3 us (8 / 8), NS 16 -> 9.
+CTAS_PER_SM_BY_HEADS: dict = {6: {64: 4}}
 
 
-def ctas_per_sm(M: int = 1) -> int:
-    """K3FUSE_MLA_CTAS_PER_SM=N (a measurement knob; default CTAS_PER_SM_BY_BUCKET for M's bucket, else 2): the split
-    kernel's CTAs per SM that n_splits aims at. Read at every launch (NS is a runtime value: no recompile).
-    K3FUSE_MLA_MIN_TILES (default MIN_TILES_PER_SPLIT) likewise sets the fewest tiles per split at M > 1."""
+def ctas_per_sm(M: int = 1, h: Optional[int] = None) -> int:
+    """K3FUSE_MLA_CTAS_PER_SM=N (a measurement knob; default CTAS_PER_SM_BY_HEADS for h and M's bucket, else
+    CTAS_PER_SM_BY_BUCKET for the bucket, else 2): the split kernel's CTAs per SM that n_splits aims at. Read at every
+    launch (NS is a runtime value: no recompile). K3FUSE_MLA_MIN_TILES (default MIN_TILES_PER_SPLIT) likewise sets
+    the fewest tiles per split at M > 1."""
     v = os.environ.get("K3FUSE_MLA_CTAS_PER_SM", "")
-    return max(1, int(v) if v else CTAS_PER_SM_BY_BUCKET.get(bucket_for(M), 2))
+    if v:
+        return max(1, int(v))
+    b = bucket_for(M)
+    return CTAS_PER_SM_BY_HEADS.get(h, {}).get(b) or CTAS_PER_SM_BY_BUCKET.get(b, 2)
 
 
-def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT) -> int:
+def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT, h: Optional[int] = None) -> int:
     """Splits of T per token row: about ctas_per_sm(M) CTAs per SM in all (2; 8 at bucket 64), at least
     MIN_TILES_PER_SPLIT tiles per split (one at M = 1: 16 -> 32 splits of a 1024-token context took the three kernels 22.8 -> 19.4 us at h = 6 and 28.0 ->
     22.7 us at h = 12 on the H200; at M = 8, 32 instead of 16 splits was 2-6% slower: benchmarks/mla_splits.py
     --kv-splits, RESULTS.md session 4)."""
     ntiles = -(-T // tt)
-    want = -(-ctas_per_sm(M) * sms // max(M, 1))
+    want = -(-ctas_per_sm(M, h) * sms // max(M, 1))
     min_tiles = 1 if M == 1 else int(os.environ.get("K3FUSE_MLA_MIN_TILES", MIN_TILES_PER_SPLIT))
     return max(1, min(want, -(-ntiles // min_tiles)))
 
@@ -682,7 +692,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     if heads and heads_reason(M, h, n, v, r, C, sms) is None:
         return _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, n_split or heads_splits(M, h, T, sms),
                              append, gate, odt)
-    ns = n_split or n_splits(M, T, sms)
+    ns = n_split or n_splits(M, T, sms, h=h)
     if not 1 <= ns <= MAX_SPLITS:
         raise ValueError(f"{ns} KV splits (the combine kernel takes 1..{MAX_SPLITS})")
     G = one_grid(M, h, ns, splits)

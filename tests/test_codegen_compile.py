@@ -573,10 +573,13 @@ def test_plan_follows_runtime_choices(monkeypatch):
     # one kernel per distinct split + tile pipeline (TP16; at a 1024-token context M = 16 and 64 have more split CTAs
     # than SMs: no pipeline); bucket 1 takes the per-head kernel (HEADS_BY_HEADS), checked below
     assert got == {(32, 8, True): [8], (8, 8, False): [16], (4, 1, False): [64]}
-    # the combine on tensor cores where the launcher takes it (mla_attention.CMMA_BY_HEADS: h = 6 at bucket 64, h = 12
+    # the combine on tensor cores where the launcher takes it (mla_attention.CMMA_BY_HEADS: h = 6 at buckets 32, 64, h = 12
     # from bucket 16), in the job's config and name: the listed kernel is the one that runs
     assert {j["config"]["buckets"][0]: j["config"].get("cmma", False) for j in three} == {8: False, 16: False, 64: True}
-    assert [j["name"] for j in three if j["config"].get("cmma")] == ["mla_append_attention_h6_c512_qs4_vs1_cmma"]
+    # (and, at h = 6 bucket 64, 4 tokens per combine CTA and the split kernel's cp.async ring: CMMA_TOK_BY_HEADS,
+    # ASYNC_BY_HEADS)
+    assert [j["name"] for j in three if j["config"].get("cmma")] == ["mla_append_attention_h6_c512_qs4_vs1_cmma_tok4_async"]
+    assert {j["config"]["buckets"][0]: j["config"].get("asy", 0) for j in three} == {8: 0, 16: 1, 64: 1}
     tp8 = [j for j in kernels_cli.plan("k3", 8, [8, 16, 32, 64], "sm_90a")[0] if j["family"] == "mla_attention"]
     assert sorted(b for j in tp8 if j["config"].get("cmma") for b in j["config"]["buckets"]) == [16, 32, 64]
     monkeypatch.setenv("K3FUSE_MLA_CMMA", "0")

@@ -280,6 +280,8 @@ def test_mla_split_arithmetic_model(M, T, seq_lens, ns, tt, monkeypatch):
     # the measured choice at a 1024-token context (132 SMs): one tile per split at M = 1, two from M = 2; about 2 CTAs
     # per SM (M = 32: 9 splits), 8 at bucket 64 (session 32), the knob over both
     assert [ma.n_splits(m, 1024) for m in (1, 8, 32, 64)] == [32, 16, 9, 16]
+    # 4 CTAs per SM at h = 6 bucket 64, where the cp.async ring runs (CTAS_PER_SM_BY_HEADS, session 37)
+    assert [ma.n_splits(64, 1024, h=h) for h in (6, 12)] == [9, 16] and ma.n_splits(32, 1024, h=6) == 9
     monkeypatch.setenv("K3FUSE_MLA_CTAS_PER_SM", "2")
     assert ma.n_splits(64, 1024) == 5
     monkeypatch.setenv("K3FUSE_MLA_MIN_TILES", "1")
@@ -907,7 +909,7 @@ def test_mla_combine_mma_compiles(arch, h, gated, monkeypatch):
     tokens' W_UV MMAs (C / 32 k-steps x 2 per 16-row tile), one CTA barrier and no local memory, and only the
     three-launch variant takes it."""
     monkeypatch.delenv("K3FUSE_MLA_CMMA", raising=False)
-    assert [m for m in (1, 8, 16, 32, 64) if ma.combine_mma_choice(m, 6)] == [64]
+    assert [m for m in (1, 8, 16, 32, 64) if ma.combine_mma_choice(m, 6)] == [32, 64]
     assert [m for m in (1, 8, 16, 32, 64) if ma.combine_mma_choice(m, 12)] == [16, 32, 64]
     assert not ma.combine_mma_choice(64, 5)
     monkeypatch.setenv("K3FUSE_MLA_CMMA", "0")
@@ -1003,9 +1005,9 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
     eight = ma.render_source(**args, cmma=True, arch=arch)
     plain = ma.render_source(**args, arch=arch)
     assert "MT3 = 8 " in eight and "WPT3" not in eight
-    # unset: 4 where CMMA_TOK_BY_HEADS lists (h, bucket) (bucket 64 at h = 6, 16-64 at h = 12), else 8
-    assert [ma.combine_mma_tokens(M, h) for M in (8, 16, 32, 33, 64)] == \
-        ([8, 8, 8, 4, 4] if h == 6 else [8, 4, 4, 4, 4])
+    # unset: 4 where CMMA_TOK_BY_HEADS lists (h, bucket) (buckets 32, 64 at h = 6, 16-64 at h = 12), else 8
+    assert [ma.combine_mma_tokens(M, h) for M in (8, 16, 17, 33, 64)] == \
+        ([8, 8, 4, 4, 4] if h == 6 else [8, 4, 4, 4, 4])
     assert ma.combine_tokens_for(64, h, 128, 512) == 4 and ma.combine_tokens_for(64, h, 160, 512) == 8
     monkeypatch.setenv("K3FUSE_MLA_CMMA_TOK", "8")
     assert ma.combine_mma_tokens(64, h) == 8
