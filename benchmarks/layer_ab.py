@@ -2,6 +2,10 @@
 
     python3 benchmarks/layer_ab.py --out DIR --var K3FUSE_ROUTER_FIRST=0,1 [--kinds kda,mla] [--tp 16] [--ms 1]
                                    [--pairs 40] [--graph-rounds 1] [--tag _ew]
+    python3 benchmarks/layer_ab.py --out DIR --arms "K3FUSE_MLA_ASYNC=0 K3FUSE_MLA_CMMA_TOK=8; -" ...
+
+--var NAME=A,B sets one knob to A, then B. --arms "A; B" compares two sets of settings, each space-separated
+NAME=VALUE pairs or "-" (the defaults): a variable one arm names and the other does not is unset in the other.
 
 Why: separate layer_bench runs of the same kernels differ by up to ~5% (session 14: KDA TP16 M = 1 88.2-92.8 us
 over four runs), so a 2 us effect needed four A/B rounds and two rounds pointed the wrong way. Here each arm is
@@ -66,9 +70,44 @@ def restore_env(saved: dict) -> None:
             os.environ[k] = v
 
 
-def build_arm(var, value):
-    """A fresh k3fuse compile with var=value: kernel memos (kept alive in KEEP) and dynamo's caches cleared first."""
-    os.environ[var] = value
+def parse_arms(var: str = "", arms: str = "") -> list:
+    """The two arms as {NAME: value, or None for unset}, from --var NAME=A,B or --arms "A; B" (module docstring).
+    Every arm names the same variables, so that building one arm undoes the other's."""
+    if bool(var) == bool(arms):
+        raise ValueError("give one of --var NAME=A,B and --arms 'A; B'")
+    if var:
+        name, _, vals = var.partition("=")
+        vs = vals.split(",")
+        if not name or len(vs) != 2 or not all(vs):
+            raise ValueError(f"--var wants NAME=A,B (got {var!r})")
+        return [{name: vs[0]}, {name: vs[1]}]
+    parts = arms.split(";")
+    if len(parts) != 2:
+        raise ValueError(f"--arms wants two settings separated by ';' (got {arms!r})")
+    out = []
+    for p in parts:
+        d = {}
+        for item in ([] if p.strip() in ("", "-") else p.split()):
+            name, eq, v = item.partition("=")
+            if not name or not eq or not v:
+                raise ValueError(f"--arms: {item!r} is not NAME=VALUE")
+            d[name] = v
+        out.append(d)
+    if out[0] == out[1]:
+        raise ValueError(f"--arms: both arms set the same ({arms!r})")
+    names = set(out[0]) | set(out[1])
+    return [{n: d.get(n) for n in sorted(names)} for d in out]
+
+
+def arm_label(settings: dict) -> str:
+    """One arm's settings as NAME=VALUE words ("-": all unset, i.e. the defaults)."""
+    return " ".join(f"{k}={v}" for k, v in settings.items() if v is not None) or "-"
+
+
+def build_arm(settings: dict):
+    """A fresh k3fuse compile with the arm's settings (NAME -> value, None: unset): kernel memos (kept alive in KEEP)
+    and dynamo's caches cleared first."""
+    restore_env(settings)
     kcompile.clear_memo(keep=KEEP)
     torch._dynamo.reset()
     call = lambda m, *a: m(*a)
@@ -78,7 +117,8 @@ def build_arm(var, value):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
-    ap.add_argument("--var", required=True, help="NAME=A,B: the knob and its two values (A is the baseline)")
+    ap.add_argument("--var", default="", help="NAME=A,B: the knob and its two values (A is the baseline)")
+    ap.add_argument("--arms", default="", help="'A; B': two sets of NAME=VALUE settings ('-': the defaults)")
     ap.add_argument("--kinds", default="kda,mla")
     ap.add_argument("--tp", default="16")
     ap.add_argument("--ms", default="1")
@@ -86,16 +126,18 @@ def main():
     ap.add_argument("--graph-rounds", type=int, default=1)
     ap.add_argument("--tag", default="")
     args = ap.parse_args()
-    var, _, vals = args.var.partition("=")
-    arms = vals.split(",")
-    if not var or len(arms) != 2 or not all(arms):
-        ap.error(f"--var wants NAME=A,B (got {args.var!r})")
+    try:
+        settings = parse_arms(args.var, args.arms)
+    except ValueError as e:
+        ap.error(str(e))
+    var = args.var.partition("=")[0] if args.var else "arms"
+    arms = [arm_label(a) if args.arms else a[var] for a in settings]
     os.makedirs(args.out, exist_ok=True)
     torch._dynamo.config.cache_size_limit = 64
     bw = copy_bandwidth()
     gpu, date = torch.cuda.get_device_name(), time.strftime("%Y-%m-%d")
     print(f"copy bandwidth {bw / 1e12:.2f} TB/s on {gpu}; {var}: A = {arms[0]}, B = {arms[1]}", flush=True)
-    old = os.environ.get(var)
+    old = {k: os.environ.get(k) for k in settings[0]}
     rows = []
     try:
         for kind in args.kinds.split(","):
@@ -111,8 +153,8 @@ def main():
                            "B": arms[1], "copy_TBps": round(bw / 1e12, 3), "floor_us": round(fb / bw * 1e6, 1),
                            "graph_rounds": args.graph_rounds}
                     graphs, keys = [], []
-                    for j, v in enumerate(arms):
-                        fn = build_arm(var, v)
+                    for j, st in enumerate(settings):
+                        fn = build_arm(st)
                         got = fn(layers[0], *clone_inputs(base))
                         row[f"rel_err_{'AB'[j]}"] = max(rel(g, r) for g, r in zip(got, ref))
                         keys.append({k.key for k in kcompile._memo.values()})
@@ -133,10 +175,7 @@ def main():
                         json.dump(rows, f, indent=1)
                     del graphs
     finally:
-        if old is None:
-            os.environ.pop(var, None)
-        else:
-            os.environ[var] = old
+        restore_env(old)
     print(f"\n{var}: A = {arms[0]}, B = {arms[1]}; us per layer, medians of {args.pairs} ABBA-interleaved replays")
     print(f"{'kind':<4} {'tp':>3} {'M':>3} {'floor':>6} {'A':>8} {'B':>8} {'B - A':>7} {'[q1, q3]':>16} {'B faster':>9} "
           f"{'kernels differ':>14}")

@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s149           # (not run) session 37's MLA defaults summed (layer_ab --arms); ncu of split / combine
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s148           # (session 37) h = 6's last defaults: MLA GPU tests at M >= 16, TP16 M = 32, 64 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s147           # (session 37) the final MLA defaults' remaining GPU tests; s146's A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s146           # (session 37) the 4-token combine at TP16 M = 16, 32; then s139
@@ -867,6 +868,16 @@ elif [ "$part" = s143 ]; then     # session 36 (not run; after s142): K3FUSE_MLA
     ab_run async2_tp8 100 --var K3FUSE_MLA_ASYNC=1,2 --kinds mla --tp 8 --ms 64,32 --pairs 8   # h = 12: 1 vs 2 CTAs/SM
     K3FUSE_MLA_ASYNC=1 pytests mla_all_async 300 tests/test_mla_kernel_gpu.py
     tar czf "$OUT/logs_s143.tgz" -C "$L" .
+elif [ "$part" = s149 ]; then     # session 37 (not run): the sum of session 37's MLA defaults in one process (layer_ab --arms:
+    # arm A = session 36's settings, B = the defaults). s148's single layer_bench rows showed less than the A/Bs' sum
+    # (-15 us at TP16 M = 64). At TP8 M = 64 only the 4-token combine differs; at TP16 M = 16 only the ring
+    ab_run s36_m64 150 --arms "K3FUSE_MLA_ASYNC=0 K3FUSE_MLA_CMMA_TOK=8 K3FUSE_MLA_CTAS_PER_SM=8; -" --kinds mla \
+        --tp 16,8 --ms 64 --pairs 8
+    ab_run s36_tp16 120 --arms "K3FUSE_MLA_ASYNC=0 K3FUSE_MLA_CMMA=0; -" --kinds mla --tp 16 --ms 32,16 --pairs 8
+    # then the M = 64 kernels under ncu with the defaults (s128's lines: the split kernel's profile with the ring)
+    ncu_layer m64 mla "split_kernel|combine_mma_kernel" 4 \
+        ",sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
+    tar czf "$OUT/logs_s149.tgz" -C "$L" .
 elif [ "$part" = s148 ]; then     # session 37: the last defaults (h = 6: the tensor-core combine with 4 tokens from bucket 32,
     # 4 CTAs per SM at bucket 64 with the ring): the MLA GPU tests at M >= 16, then the MLA TP16 M = 32, 64 rows
     pytests mla_h6 150 tests/test_mla_kernel_gpu.py -k "combine_mma_matches or batched_rows or append_gate_and_graph or async_tiles_bitwise or tokens_bitwise"

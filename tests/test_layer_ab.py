@@ -27,3 +27,29 @@ def test_paired_summary_reads_the_pairs():
     assert r["b_faster"] == 4 and r["pairs"] == 5
     with pytest.raises(ValueError, match="equal, nonzero"):
         layer_ab.paired_summary(a, b[:-1])
+
+
+def test_arms_from_var_or_settings():
+    assert layer_ab.parse_arms(var="K3FUSE_X=0,1") == [{"K3FUSE_X": "0"}, {"K3FUSE_X": "1"}]
+    # a variable only one arm names is unset (None) in the other: building an arm undoes the other's settings
+    a, b = layer_ab.parse_arms(arms="K3FUSE_A=0 K3FUSE_B=8; -")
+    assert a == {"K3FUSE_A": "0", "K3FUSE_B": "8"} and b == {"K3FUSE_A": None, "K3FUSE_B": None}
+    a, b = layer_ab.parse_arms(arms="K3FUSE_A=0 ;K3FUSE_C=2")
+    assert a == {"K3FUSE_A": "0", "K3FUSE_C": None} and b == {"K3FUSE_A": None, "K3FUSE_C": "2"}
+    assert layer_ab.arm_label(a) == "K3FUSE_A=0" and layer_ab.arm_label(b) == "K3FUSE_C=2"
+    assert layer_ab.arm_label({"K3FUSE_A": None}) == "-"
+    for bad in (dict(var="K3FUSE_X=0"), dict(var="=0,1"), dict(arms="K3FUSE_A=0"), dict(arms="K3FUSE_A; -"),
+                dict(arms="-; -"), dict(var="K3FUSE_X=0,1", arms="K3FUSE_A=0; -"), {}):
+        with pytest.raises(ValueError):
+            layer_ab.parse_arms(**bad)
+
+
+def test_build_arm_sets_and_unsets(monkeypatch):
+    """build_arm applies the arm's settings to the environment (None: unset) before the compile."""
+    monkeypatch.setattr(layer_ab.kcompile, "clear_memo", lambda keep=None: None)
+    monkeypatch.setenv("K3FUSE_B", "stale")
+    monkeypatch.delenv("K3FUSE_A", raising=False)
+    layer_ab.build_arm({"K3FUSE_A": "0", "K3FUSE_B": None})
+    import os
+    assert os.environ["K3FUSE_A"] == "0" and "K3FUSE_B" not in os.environ
+    monkeypatch.delenv("K3FUSE_A")
