@@ -446,7 +446,8 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
           splits=DEFAULT_SPLITS, append_eps: Optional[float] = None, gate: bool = False, out_dtype="float32",
           one_g: Optional[int] = None, pipe: bool = False, cmma: bool = False, asy: int = 0, ctok: int = 8):
     """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile, the append / gate
-    variant, one launch of one_g CTAs or three, the combine on tensor cores or not) and arch. The rendered source
+    variant, one launch of one_g CTAs or three, the combine on tensor cores or not and its tokens per CTA (ctok), the
+    split kernel's cp.async ring mode (asy: 0 off)) and arch. The rendered source
     bakes every one of these, so the cache key (sha256 of source + arch) covers them."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
