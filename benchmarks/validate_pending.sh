@@ -35,7 +35,8 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s149           # (not run) session 37's MLA defaults summed (layer_ab --arms); ncu of split / combine
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s150           # (not run) ncu of the M = 64 MLA split / combine with session 37's defaults
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s149           # (not run) session 37's MLA defaults summed (layer_ab --arms); split counts
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s148           # (session 37) h = 6's last defaults: MLA GPU tests at M >= 16, TP16 M = 32, 64 rows
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s147           # (session 37) the final MLA defaults' remaining GPU tests; s146's A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s146           # (session 37) the 4-token combine at TP16 M = 16, 32; then s139
@@ -874,10 +875,16 @@ elif [ "$part" = s149 ]; then     # session 37 (not run): the sum of session 37'
     ab_run s36_m64 150 --arms "K3FUSE_MLA_ASYNC=0 K3FUSE_MLA_CMMA_TOK=8 K3FUSE_MLA_CTAS_PER_SM=8; -" --kinds mla \
         --tp 16,8 --ms 64 --pairs 8
     ab_run s36_tp16 120 --arms "K3FUSE_MLA_ASYNC=0 K3FUSE_MLA_CMMA=0; -" --kinds mla --tp 16 --ms 32,16 --pairs 8
-    # then the M = 64 kernels under ncu with the defaults (s128's lines: the split kernel's profile with the ring)
+    # the split counts not yet A/B'd: TP8 M = 64 at 4 CTAs per SM (without the ring; 16 was +30 in session 32), and
+    # with the ring at TP16 M = 16, 32 (2 -> 1 CTA per SM: NS 16 -> 9 and 9 -> 5, longer splits)
+    ab_run tp8_ns 80 --var K3FUSE_MLA_CTAS_PER_SM=8,4 --kinds mla --tp 8 --ms 64 --pairs 8
+    ab_run ring_ns_mid 90 --var K3FUSE_MLA_CTAS_PER_SM=2,1 --kinds mla --tp 16 --ms 32,16 --pairs 8
+    tar czf "$OUT/logs_s149.tgz" -C "$L" .
+elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
+    # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8)
     ncu_layer m64 mla "split_kernel|combine_mma_kernel" 4 \
         ",sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
-    tar czf "$OUT/logs_s149.tgz" -C "$L" .
+    tar czf "$OUT/logs_s150.tgz" -C "$L" .
 elif [ "$part" = s148 ]; then     # session 37: the last defaults (h = 6: the tensor-core combine with 4 tokens from bucket 32,
     # 4 CTAs per SM at bucket 64 with the ring): the MLA GPU tests at M >= 16, then the MLA TP16 M = 32, 64 rows
     pytests mla_h6 150 tests/test_mla_kernel_gpu.py -k "combine_mma_matches or batched_rows or append_gate_and_graph or async_tiles_bitwise or tokens_bitwise"
