@@ -881,7 +881,11 @@ elif [ "$part" = s149 ]; then     # session 37 (not run): the sum of session 37'
     ab_run ring_ns_mid 90 --var K3FUSE_MLA_CTAS_PER_SM=2,1 --kinds mla --tp 16 --ms 32,16 --pairs 8
     tar czf "$OUT/logs_s149.tgz" -C "$L" .
 elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
-    # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8)
+    # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8). First
+    # the routed down's load groups once more: at TP16 M = 64 it ran at 71% of copy in session 36's ncu (373.9 MB in
+    # 125.7 us), the up at 90%; UD = 6 (one load group per row block at I = 192) was +8.7 us in session 18, before the
+    # ballot scans, the member lists and the per-warp epilogue
+    ab_run down_ud 80 --var K3FUSE_MOE_DOWN_UD=3,6 --kinds kda --tp 16 --ms 64,32 --pairs 8
     ncu_layer m64 mla "split_kernel|combine_mma_kernel" 4 \
         ",sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
     tar czf "$OUT/logs_s150.tgz" -C "$L" .
