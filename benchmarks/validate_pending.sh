@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s151           # (not run) K3FUSE_MOE_DOWN_RING=1 (the routed down's W2 tile ring, TP16): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s150           # (not run) ncu of the M = 64 MLA split / combine with session 37's defaults
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s149           # (not run) session 37's MLA defaults summed (layer_ab --arms); split counts
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s148           # (session 37) h = 6's last defaults: MLA GPU tests at M >= 16, TP16 M = 32, 64 rows
@@ -880,6 +881,21 @@ elif [ "$part" = s149 ]; then     # session 37 (not run): the sum of session 37'
     ab_run tp8_ns 80 --var K3FUSE_MLA_CTAS_PER_SM=8,4 --kinds mla --tp 8 --ms 64 --pairs 8
     ab_run ring_ns_mid 90 --var K3FUSE_MLA_CTAS_PER_SM=2,1 --kinds mla --tp 16 --ms 32,16 --pairs 8
     tar czf "$OUT/logs_s149.tgz" -C "$L" .
+elif [ "$part" = s151 ]; then     # session 37 (not run): the routed down's W2 tile ring (K3FUSE_MOE_DOWN_RING=1, TP16 only):
+    # its bitwise tests (a smoke case first: a wrong wait would mismatch), memcheck, then the A/Bs. The down at TP16
+    # M = 64 ran at 71% of copy in session 36's ncu; each owner CTA waits for RPC = 4 row blocks' tiles one after
+    # another. Predicted: the down -10..-20%, -10..-20 us per layer at TP16 M = 64 (either kind), less at M = 32
+    # (RPC = 2); a risk: 2 CTAs per SM instead of 4 (100 KB of ring each)
+    pytests ring_smoke 120 tests/test_moe_kernel_gpu.py -k "down_ring_bit_identical and tp16 and 64"
+    if ! grep -q "passed" "$L/log_ring_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_ring_smoke.txt"; then
+        echo "s151: the smoke case failed; stopping" | tee -a "$S"; tail -30 "$L/log_ring_smoke.txt"
+        tar czf "$OUT/logs_s151.tgz" -C "$L" .; exit 1
+    fi
+    pytests ring 150 tests/test_moe_kernel_gpu.py -k "down_ring_bit_identical"
+    K3FUSE_MOE_DOWN_MMA=1 K3FUSE_MOE_DOWN_RING=1 memcheck memcheck_ring 120 tests/test_moe_kernel_gpu.py \
+        -k "down_mma_matches_reference and tp16 and 64"
+    ab_run down_ring 150 --var K3FUSE_MOE_DOWN_RING=0,1 --kinds kda,mla --tp 16 --ms 64,32 --pairs 8
+    tar czf "$OUT/logs_s151.tgz" -C "$L" .
 elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
     # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8). First
     # the routed down's load groups once more: at TP16 M = 64 it ran at 71% of copy in session 36's ncu (373.9 MB in

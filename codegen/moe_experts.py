@@ -242,7 +242,30 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     p = dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
     if down_we():
         p["DWE"] = True          # passed only when on: the other sources stay as they were
+        if down_ring() and down_ring_bytes(I) <= DOWN_RING_MAX_BYTES and (16 * nvi) % 32 == 0:
+            p["DRING"] = True    # likewise
     return p
+
+
+DOWN_RING_MAX_BYTES = 104 * 1024    # the ring's shared memory per CTA that leaves two CTAs per SM (228 KB)
+
+
+def down_ring_bytes(I: int) -> int:
+    """Shared memory of the tensor-core down's W2 tile ring: 8 warps x 2 slots x 16 rows x (I + 8) bf16 (rows padded
+    by 16 bytes). TP16's I = 192: 100 KB; TP8's 384: 196 KB, more than two CTAs per SM allow (not taken)."""
+    return 8 * 2 * 16 * (I + 8) * 2
+
+
+def down_ring() -> bool:
+    """K3FUSE_MOE_DOWN_RING=1 (an A/B knob, session 37, not yet run on a GPU; default off): with the per-warp epilogue
+    (down_we), each warp of the tensor-core down keeps its 16-row W2_e tiles in a two-slot shared-memory ring and
+    issues row block rb + 1's tile by cp.async before working on row block rb, where today it loads each row block's
+    tile into registers after the previous one's epilogue: RPC = 4 dependent DRAM round trips per owner CTA at TP16
+    bucket 64 (two load groups each). Why: session 36's ncu at TP16 M = 64: the down at 71% of copy bandwidth
+    (373.9 MB in 125.7 us), the up at 90%. Only where the ring fits two CTAs per SM (down_ring_bytes: I <= 200, i.e.
+    TP16), which halves the resident CTAs against the 4 its 64 registers allow. Bitwise the register-loaded tiles
+    (the same MMAs in the same order). Read at render time (build's memo keys on it)."""
+    return os.environ.get("K3FUSE_MOE_DOWN_RING", "0") == "1"
 
 
 def member_lists() -> bool:
@@ -383,7 +406,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
             os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
             os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""),
             os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we(), up_ballot(), os.environ.get("K3FUSE_MOE_UP_CTAS", ""),
-            member_lists())
+            member_lists(), down_ring())
     k = _built.get(memo)
     if k is not None:
         return k

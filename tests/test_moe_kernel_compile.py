@@ -473,3 +473,55 @@ def test_down_ax_follows_the_measured_rule(monkeypatch):
     assert me.down_ax(192, KT, cfg16, 1)
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "0")
     assert not me.down_ax(384, KT, cfg8, 2)
+
+
+@pytest.mark.parametrize("arch,b", [("sm_90a", 64), ("sm_100a", 32)])
+def test_down_mma_ring_compiles(arch, b, monkeypatch, tmp_path, capfd):
+    """K3FUSE_MOE_DOWN_RING=1 (opt-in): each warp of the tensor-core down keeps its 16-row W2 tiles in a two-slot
+    shared-memory ring, the next row block's by cp.async. Off (unset) the source is unchanged; on, at TP16 (I = 192)
+    the down kernel has 2 x 12 16-byte cp.async per lane (row block 0's, then the next one's in the loop), one
+    commit group each, one wait for all but the newest, the same MMAs as without, its W2 reads from shared memory
+    instead of global (the activations' stay global), no local memory and no spills; at TP8 (I = 384: 196 KB) the
+    ring does not fit two CTAs per SM and is not taken."""
+    import cutlass.cute as cute
+    from k3fuse.codegen import compile as kcompile
+    I = I_TP[16]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_RING", raising=False)
+    plain = me.render_source(E, I, D, KT, b)[0]
+    assert "DRING" not in me.down_mma(I, D, KT, b, True) and "sWr" not in plain
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_RING", "1")
+    assert me.down_mma(I, D, KT, b, True)["DRING"] and "DRING" not in me.down_mma(I_TP[8], D, KT, b, True)
+    assert me.down_ring_bytes(I) == 102400 and me.down_ring_bytes(I_TP[8]) > me.DOWN_RING_MAX_BYTES
+    src = me.render_source(E, I, D, KT, b)[0]
+    assert "cpasync.CopyG2SOp" in src
+    # only the down kernel changed (and the header's parameters and docstring)
+    def code_before_down(x):
+        return x[x.index("\nimport cutlass"):x.index("def down_mma_kernel")]
+    assert code_before_down(src) == code_before_down(plain)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_RING", "0")
+    k0 = me.build(E, I, D, KT, b, arch=arch, load=False)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_RING", "1")
+    k = me.build(E, I, D, KT, b, arch=arch, load=False)
+    assert k.key != k0.key and open(k.files["kernel.py"]).read() == src
+    d = entries(open(k.files["kernel.ptx"]).read())["down_mma_kernel"]
+    d0 = entries(open(k0.files["kernel.ptx"]).read())["down_mma_kernel"]
+    nper = 16 * (I // 8) // 32
+    assert len(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^\]]+\], \[[^\]]+\], 16", d)) == 2 * nper
+    assert d.count("cp.async.commit_group") == 2 and re.findall(r"cp\.async\.wait_group\s+(\d+)", d) == ["1"]
+    mma = r"mma\.sync\.aligned\.m16n8k16"
+    assert len(re.findall(mma, d)) == len(re.findall(mma, d0)) > 0
+    # W2 from shared memory: 2 rows x UD 16-byte shared loads per load group, 2 x UD fewer global ones
+    p = me.down_mma(I, D, KT, b, True)
+    gl = r"ld\.global(?:\.[a-z0-9:_]+)*\.v4"
+    assert len(re.findall(gl, d)) == len(re.findall(gl, d0)) - 2 * p["UD"]
+    assert len(re.findall(r"ld\.shared(?:\.[a-z0-9:_]+)*\.v4", d)) >= 2 * p["UD"]
+    assert "ld.local" not in d and "st.local" not in d
+    mod = kcompile._import_source(src, f"moe_ring_{arch}_{b}", tmp_path)
+    capfd.readouterr()
+    cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
+    out = "".join(capfd.readouterr())
+    # ptxas's report per entry: the down kernel's (the combine kernel spills 16 bytes with or without the ring)
+    down = [x for x in out.split("Compiling entry function")[1:] if "down_mma_kernel" in x[:200]]
+    spills = [re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", x) for x in down]
+    assert spills and all(m and m.group(1) == "0" and m.group(2) == "0" for m in spills), out[-3000:]
