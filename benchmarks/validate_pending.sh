@@ -895,6 +895,10 @@ elif [ "$part" = s151 ]; then     # session 37 (not run): the routed down's W2 t
     K3FUSE_MOE_DOWN_MMA=1 K3FUSE_MOE_DOWN_RING=1 memcheck memcheck_ring 120 tests/test_moe_kernel_gpu.py \
         -k "down_mma_matches_reference and tp16 and 64"
     ab_run down_ring 150 --var K3FUSE_MOE_DOWN_RING=0,1 --kinds kda,mla --tp 16 --ms 64,32 --pairs 8
+    # with the ring, fewer and longer owner CTAs may pay (the ring hides each next row block; the 7 of 8 non-owners
+    # each hold 100 KB while they start and exit): grid cap 8192 -> 2048 (RPC 4 -> 14 at bucket 64, 2 -> 7 at 32)
+    K3FUSE_MOE_DOWN_RING=1 ab_run ring_cap 120 --var K3FUSE_MOE_DOWN_CTAS=8192,2048 --kinds kda --tp 16 --ms 64,32 \
+        --pairs 8
     tar czf "$OUT/logs_s151.tgz" -C "$L" .
 elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
     # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8). First
