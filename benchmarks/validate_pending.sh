@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s152           # (not run) K3FUSE_MLA_CMMA_PRE=N (the combine's merge-independent loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s151           # (not run) K3FUSE_MOE_DOWN_RING=1 (the routed down's W2 tile ring, TP16): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s150           # (not run) ncu of the M = 64 MLA split / combine with session 37's defaults
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s149           # (not run) session 37's MLA defaults summed (layer_ab --arms); split counts
@@ -900,6 +901,23 @@ elif [ "$part" = s151 ]; then     # session 37 (not run): the routed down's W2 t
     K3FUSE_MOE_DOWN_RING=1 ab_run ring_cap 120 --var K3FUSE_MOE_DOWN_CTAS=8192,2048 --kinds kda --tp 16 --ms 64,32 \
         --pairs 8
     tar czf "$OUT/logs_s151.tgz" -C "$L" .
+elif [ "$part" = s152 ]; then     # session 38 (not run): the 4-token tensor-core combine with its merge-independent loads at
+    # its start (K3FUSE_MLA_CMMA_PRE=N: the 4 gate values, whose epilogue loads were 4 serial round trips, and the first
+    # N splits' partials; each (max, sum) pair in one pass; the other partials in chunks of 4 splits). codegen/sass.py
+    # counts 13 -> 5 serial global round trips on a path (sm_90a, TP16 bucket 64; a lane at NS = 9: 10 -> 3). Bitwise.
+    # Predicted: -1..-3 us per MLA layer where the combine runs (TP16 M = 32, 64; TP8 M = 16-64); more at TP8 (NS 16)
+    pytests pre_smoke 120 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise and 64-6-True and None and 5"
+    if ! grep -q "passed" "$L/log_pre_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_pre_smoke.txt"; then
+        echo "s152: the smoke case failed; stopping" | tee -a "$S"; tail -30 "$L/log_pre_smoke.txt"
+        tar czf "$OUT/logs_s152.tgz" -C "$L" .; exit 1
+    fi
+    pytests pre 150 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise"
+    K3FUSE_MLA_CMMA_PRE=5 memcheck memcheck_pre 100 tests/test_mla_kernel_gpu.py \
+        -k "combine_mma_append_gate_and_graph and 6-True"
+    ab_run cmma_pre 150 --var K3FUSE_MLA_CMMA_PRE=0,5 --kinds mla --tp 16,8 --ms 64,32 --pairs 8
+    ab_run cmma_pre_tp8 60 --var K3FUSE_MLA_CMMA_PRE=0,5 --kinds mla --tp 8 --ms 16 --pairs 8
+    ab_run cmma_pre_n 80 --var K3FUSE_MLA_CMMA_PRE=1,5 --kinds mla --tp 8 --ms 64 --pairs 8
+    tar czf "$OUT/logs_s152.tgz" -C "$L" .
 elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
     # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8). First
     # the routed down's load groups once more: at TP16 M = 64 it ran at 71% of copy in session 36's ncu (373.9 MB in

@@ -375,6 +375,25 @@ def combine_mma_on(M: int, h: int, v: int, C: int, ns: int, one_g: Optional[int]
     return one_g is None and ns <= CMMA_MAX_SPLITS and combine_mma_choice(M, h) and combine_mma_reason(v, C) is None
 
 
+CMMA_PRE_MAX_REGS = 40    # K3FUSE_MLA_CMMA_PRE's preloaded partials per lane (fp32 registers): 5 splits at CPW3 = 8
+
+
+def combine_mma_pre(v: int, C: int, ctok: int) -> int:
+    """K3FUSE_MLA_CMMA_PRE=N (opt-in; unset or 0: off, the source unchanged): the tensor-core combine with CTOK (4 tokens
+    per CTA) issues at its start the loads that do not depend on its merge: the gate values of its C fragment (in the
+    epilogue 4 serial L2 round trips, one per output store: codegen/sass.py on the sm_90a SASS) and the first N
+    splits' partials (capped at CMMA_PRE_MAX_REGS registers); each split's (max, sum) pair in one pass instead of two;
+    the other partials in chunks of 4 splits without a remainder loop. The same sums in the same order: bitwise the
+    default (tests/test_mla_kernel_gpu.py). Serial global round trips (codegen/sass.py, sm_90a, TP16 bucket 64): the
+    most on a control-flow path 13 -> 5 with N = 5; a lane at NS = 9 splits waits 10 -> 3 times (by hand). Not run on a
+    GPU yet. Read when a kernel is rendered."""
+    n = int(os.environ.get("K3FUSE_MLA_CMMA_PRE", "0") or 0)
+    if n <= 0 or ctok == 8 or combine_mma_reason(v, C, ctok) is not None:
+        return 0
+    cpw = C // (32 * ((v // 16) // ctok))
+    return max(1, min(n, CMMA_PRE_MAX_REGS // cpw))
+
+
 def combine_tokens_for(M: int, h: int, v: int, C: int) -> int:
     """The tensor-core combine's tokens per CTA the launcher takes: combine_mma_tokens, or 8 where the widths do not
     share columns among 4 tokens (combine_mma_reason)."""
@@ -403,6 +422,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 **({"RB3": rb3} if rb3 else {}),      # absent when off: the same source
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
                 **({"CTOK": int(ctok)} if cmma and ctok != 8 else {}),                # absent: the same source
+                **({"PRE3": combine_mma_pre(v, C, ctok)} if cmma and combine_mma_pre(v, C, ctok) else {}),
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
                 **({"ASYNC": True, "ASYNC_2CTA": async_two_ctas(h, r, C, tt) and (hp <= 8 or asy == 2)}
                    if asy else {}),                                                # absent when off: the same source
@@ -457,7 +477,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
             combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
-            int(ctok) if cmma else 8, int(asy))
+            int(ctok) if cmma else 8, int(asy), combine_mma_pre(v, C, ctok) if cmma else 0)
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch, asy,
@@ -468,7 +488,9 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
                             append_eps=eps, gate=bool(gate), out=_dtname(out_dtype), one_launch_ctas=one_g,
                             pipe=bool(pipe), **({"combine_mma": True} if cmma else {}),
                             **({"cp_async_tiles": True} if asy else {}),
-                            **({"combine_mma_tokens": int(ctok)} if cmma and ctok != 8 else {})))
+                            **({"combine_mma_tokens": int(ctok)} if cmma and ctok != 8 else {}),
+                            **({"combine_mma_pre": combine_mma_pre(v, C, ctok)}
+                               if cmma and combine_mma_pre(v, C, ctok) else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 

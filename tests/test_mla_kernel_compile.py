@@ -1034,6 +1034,51 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("h,gated", [(6, True), (12, False)])
+def test_mla_combine_mma_pre_compiles(arch, h, gated, monkeypatch, tmp_path, capfd):
+    """K3FUSE_MLA_CMMA_PRE=N (opt-in): unset or 0 the sources are unchanged; on, only the 4-token tensor-core combine
+    changes (8 tokens per CTA and the other kernels keep their source), N is capped at CMMA_PRE_MAX_REGS registers of
+    partials, the key changes; the combine keeps its MMAs and one CTA barrier, and ptxas fits it in 128 registers
+    (two 256-thread CTAs per SM) without spills. Its round trips: tests/test_sass.py."""
+    import cutlass.cute as cute
+    args = dict(h=h, **K3, scale=SCALE, splits=(4, 1), append_eps=1e-6 if gated else None, gate=gated,
+                out_dtype="bfloat16" if gated else "float32", cmma=True, arch=arch)
+    monkeypatch.delenv("K3FUSE_MLA_CMMA_PRE", raising=False)
+    four, eight = ma.render_source(**args, ctok=4), ma.render_source(**args, ctok=8)
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", "0")
+    assert ma.render_source(**args, ctok=4) == four and "PRE3" not in four
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", "64")
+    assert ma.combine_mma_pre(128, 512, 4) == ma.CMMA_PRE_MAX_REGS // 8 == 5
+    assert ma.combine_mma_pre(128, 512, 8) == 0 and ma.combine_mma_pre(160, 512, 4) == 0
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", "5")
+    assert ma.render_source(**args, ctok=8) == eight                    # the 8-token combine: not this variant
+    src = ma.render_source(**args, ctok=4)
+    assert "PRE3 = 5 " in src and src != four
+    def before_combine(x):     # everything but the combine kernel, the PRE3 constant and the header's parameters
+        return [ln for ln in x[:x.index("def combine_mma_kernel")].splitlines()
+                if not ln.startswith(("PRE3 = ", "# params:"))]
+    assert before_combine(src) == before_combine(four)
+    k = ma.build(**args, load=False, ctok=4)
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", "0")
+    k0 = ma.build(**args, load=False, ctok=4)
+    assert k.source == src and k0.source == four and k.key != k0.key
+    body, body0 = (entries(open(x.files["kernel.ptx"]).read())["combine_mma_kernel"] for x in (k, k0))
+    mma = r"mma\.sync\.aligned\.m16n8k16"
+    assert len(re.findall(mma, body)) == len(re.findall(mma, body0)) == K3["C"] // 32 * 2
+    assert len(re.findall(r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0", body)) == 1
+    assert "ld.local" not in body and "st.local" not in body
+    mod = kcompile._import_source(src, f"mla_pre_{h}_{arch}", tmp_path)
+    capfd.readouterr()
+    cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
+    out = "".join(capfd.readouterr())
+    seg = [x for x in out.split("Compiling entry function")[1:] if "combine_mma_kernel" in x[:400]]
+    assert len(seg) >= 1, out[-2000:]
+    for x in seg:
+        assert int(re.search(r"Used (\d+) registers", x).group(1)) <= 128, x[:1000]
+        assert "0 bytes spill stores, 0 bytes spill loads" in x, x[:1000]
+
+
+@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("h,one", [(6, False), (12, True), (16, False)])
 def test_mla_pv_mma_compiles(arch, h, one, monkeypatch):
     """K3FUSE_MLA_PVMMA (default 1): the split kernel's PV step on tensor cores. 0, the sources have no PV MMAs; on

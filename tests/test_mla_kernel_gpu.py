@@ -445,6 +445,37 @@ def test_mla_combine_mma_tokens_bitwise(M, h, n_split, monkeypatch, seed):
     _bitwise_with_knob(monkeypatch, "K3FUSE_MLA_CMMA_TOK", "8", "4", args, n_split, "cmma", "MT3 = 4")
 
 
+@pytest.mark.parametrize("pre", ["1", "5"])
+@pytest.mark.parametrize("n_split", [None, 3, 13])
+@pytest.mark.parametrize("M,h,gated", [(17, 12, True), (40, 6, True), (64, 6, True), (64, 12, True), (64, 6, False)])
+def test_mla_combine_mma_pre_bitwise(M, h, gated, n_split, pre, monkeypatch, seed):
+    """K3FUSE_MLA_CMMA_PRE=N (the 4-token tensor-core combine with the gate values and the first N splits' partials
+    loaded at its start, each (max, sum) pair in one pass, the rest in chunks of 4 splits): bitwise the same combine
+    without it, with the append + gate variant as the layer runs it (and the plain one), NaN-poisoned outputs, M past
+    the last CTA's tokens (17, 40), fewer splits than preloaded ones (3) and a partial last chunk (13)."""
+    from k3fuse.codegen import mla_attention as ma
+    monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_TOK", "4")
+    bf = torch.bfloat16
+    qn, qp, cache, kv_b, sl = inputs(M, h, 701, [(37 * i + 5) % 700 for i in range(M)])
+    ckv = (torch.randn(M, C + R, device="cuda") * 3).to(bf)
+    nw = (torch.rand(C, device="cuda") + 0.5).to(bf)
+    gate = torch.randn(M, h * V, device="cuda").to(bf) if gated else None
+    odt = bf if gated else None
+    seen = _records_builds(monkeypatch)
+    outs = []
+    for v in ("0", pre):
+        monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", v)
+        out = torch.full((M, h, V), float("nan"), device="cuda", dtype=odt or torch.float32)
+        ma.mla_attention(qn, qp, cache.clone(), kv_b, sl, SCALE, out=out, n_split=n_split,
+                         append=(ckv, nw, 1e-6) if gated else None, gate=gate, out_dtype=odt, one=False, heads=False)
+        torch.cuda.synchronize()
+        outs.append(out)
+    assert [bool(k.get("cmma")) for k, _ in seen] == [True, True]
+    assert [("PRE3 = " in src) for _, src in seen] == [False, True]
+    assert torch.isfinite(outs[1].float()).all() and torch.equal(outs[1], outs[0])
+
+
 @pytest.mark.parametrize("h,gated", [(6, True), (12, True), (6, False)])
 def test_mla_combine_mma_append_gate_and_graph(h, gated, monkeypatch, seed):
     """K3FUSE_MLA_CMMA=1 with the append + gate variant at bucket 64's 4x1 splits (M = 40): the checks of
