@@ -181,6 +181,12 @@ def test_kda_decode_fa_smem_issues_wide_loads_first(arch, monkeypatch):
     monkeypatch.setenv("K3FUSE_KDA_FA_SMEM", "1")
     staged = kr.render_source(128, "bfloat16", "bfloat16", -5.0, fused=FUSED_K3)
     assert "FA_SMEM=True" in staged
+    # build's memo follows the variable within one process (it is read at render)
+    on = kr.build(128, "bfloat16", "bfloat16", -5.0, arch=arch, load=False, fused=FUSED_K3)
+    monkeypatch.delenv("K3FUSE_KDA_FA_SMEM")
+    off = kr.build(128, "bfloat16", "bfloat16", -5.0, arch=arch, load=False, fused=FUSED_K3)
+    assert on.source == staged and off.source == default and on.key != off.key
+    monkeypatch.setenv("K3FUSE_KDA_FA_SMEM", "1")
     # the other fused variant of the compile test above, and sm_100a: compiles, no local memory
     other = dict(FUSED_K3, newest_last=False, x="float32", f="float32", o="float32", kc=3, fk=64)
     for fz, a2 in ((other, "sm_90a"), (FUSED_K3, "sm_100a")):
