@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s153           # (not run) K3FUSE_WG_GATHER=1 (the wgmma cluster sum's loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s152           # (not run) K3FUSE_MLA_CMMA_PRE=N (the combine's merge-independent loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s151           # (not run) K3FUSE_MOE_DOWN_RING=1 (the routed down's W2 tile ring, TP16): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s150           # (not run) ncu of the M = 64 MLA split / combine with session 37's defaults
@@ -918,6 +919,20 @@ elif [ "$part" = s152 ]; then     # session 38 (not run): the 4-token tensor-cor
     ab_run cmma_pre_tp8 60 --var K3FUSE_MLA_CMMA_PRE=0,5 --kinds mla --tp 8 --ms 16 --pairs 8
     ab_run cmma_pre_n 80 --var K3FUSE_MLA_CMMA_PRE=1,5 --kinds mla --tp 8 --ms 64 --pairs 8
     tar czf "$OUT/logs_s152.tgz" -C "$L" .
+elif [ "$part" = s153 ]; then     # session 38 (not run): the wgmma split-K cluster sum with every peer value loaded before
+    # the first store (K3FUSE_WG_GATHER=1: config GL). By default each of a thread's NACC / KS accumulator entries is
+    # one serial distributed-shared-memory round trip (inline asm with a memory clobber after the previous store;
+    # codegen/sass.py: 8 at 3584 x 7168 bucket 64 KS = 4); with GL one. Bitwise the default. Predicted: -0.3..-0.8 us
+    # per wgmma kernel with KS > 1 (the table's buckets 16-64), -1..-3 us per layer at M = 16-64
+    pytests gl_smoke 120 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-64 and 64"
+    if ! grep -q "passed" "$L/log_gl_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_gl_smoke.txt"; then
+        echo "s153: the smoke case failed; stopping" | tee -a "$S"; tail -30 "$L/log_gl_smoke.txt"
+        tar czf "$OUT/logs_s153.tgz" -C "$L" .; exit 1
+    fi
+    pytests gl 150 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise"
+    memcheck memcheck_gl 80 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-128 and 17"
+    ab_run wg_gather 200 --var K3FUSE_WG_GATHER=0,1 --kinds kda,mla --tp 16,8 --ms 64,32,16 --pairs 8
+    tar czf "$OUT/logs_s153.tgz" -C "$L" .
 elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
     # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8). First
     # the routed down's load groups once more: at TP16 M = 64 it ran at 71% of copy in session 36's ncu (373.9 MB in

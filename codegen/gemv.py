@@ -305,7 +305,23 @@ def _clean(cfg: dict) -> dict:
     out = {k: cfg.get(k, _CFG_DEFAULTS.get(k)) for k in _CFG_KEYS[cfg["variant"]]}
     if cfg.get("pdl"):  # only when set: a pdl=0 config is the same dict (and kernel) as one without the key
         out["pdl"] = 1
+    if cfg["variant"] == "wgmma" and cfg.get("GL"):      # likewise (wg_gather)
+        out["GL"] = 1
     return out
+
+
+def wg_gather() -> bool:
+    """K3FUSE_WG_GATHER=1 (opt-in, not run on a GPU): the wgmma kernels with split-K clusters (KS > 1) load every
+    peer value of their cluster sum before the first sum and output store (config key GL, added by route). By
+    default each accumulator entry's KS loads (inline asm with a memory clobber) issue after the previous entry's
+    store, so a thread's NACC / KS entries are as many serial distributed-shared-memory round trips
+    (codegen/sass.py on the sm_90a SASS). The same sums in the same order: bitwise the default. Read at each route."""
+    return os.environ.get("K3FUSE_WG_GATHER", "0") == "1"
+
+
+def _with_gather(cfg: Optional[dict]) -> Optional[dict]:
+    return dict(cfg, GL=1) if cfg is not None and cfg.get("variant") == "wgmma" and cfg["KS"] > 1 and wg_gather() \
+        else cfg
 
 
 def config_for(N: int, K: int, bucket: int, gpu: Optional[str] = None) -> dict:
@@ -330,7 +346,7 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None,
         return None, why
     forced = sk_forced(N, K, bucket) or wg_forced(N, K, bucket, arch)
     if forced is not None:
-        return forced, ""
+        return _with_gather(forced), ""
     cfg = tuning.lookup(FAMILY, (N, K), bucket, gpu)
     if cfg is not None:
         if cfg.get("variant") == "torch":
@@ -341,7 +357,7 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None,
             if why:
                 return None, f"tuning table names the wgmma variant for {N}x{K} at bucket {bucket}, but {why}"
         if supports(N, K, bucket, cfg) is None:
-            return cfg, ""
+            return _with_gather(cfg), ""
     if bucket > 8:
         return None, f"no tuned kernel for {N}x{K} at bucket {bucket} (cuBLAS is faster above M = 8 by default)"
     return default_config(N, K, bucket), ""
@@ -358,7 +374,8 @@ def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
         return dict(N=N, K=K, BM=bucket, NT=bucket // 8, WN=cfg["WN"], KS=cfg["KS"], SUB=cfg["SUB"],
                     PF=bool(cfg.get("PF", 0)))
     if cfg["variant"] == "wgmma":
-        return dict(N=N, K=K, BM=bucket, KS=cfg["KS"], ST=cfg["ST"], BN=cfg.get("BN", 64))
+        return dict(N=N, K=K, BM=bucket, KS=cfg["KS"], ST=cfg["ST"], BN=cfg.get("BN", 64),
+                    **({"GL": True} if cfg.get("GL") else {}))      # absent when off: the same source
     if cfg["variant"] == "mma":
         S, W, U, KB = K // 32, cfg["W"], cfg["U"], int(cfg.get("KB", 0))
         return dict(N=N, K=K, BM=bucket, W=W, U=U, WN=cfg.get("WN", 1), RT=cfg.get("RT", 1), NT=max(1, bucket // 8),

@@ -181,6 +181,11 @@ def _blocks(instrs: list) -> tuple:
         if not ends and k + 1 < len(blocks):
             out.append(k + 1)
         succ.append(out)
+    # an indirect branch (BRX: a switch's jump table) may go to any later block that nothing else enters
+    entered = {j for out in succ for j in out}
+    for k, b in enumerate(blocks):
+        if instrs[b[-1]].opcode.startswith(("BRX", "JMX")):
+            succ[k] = [j for j in range(k + 1, len(blocks)) if j not in entered]
     return blocks, succ
 
 

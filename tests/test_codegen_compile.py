@@ -859,6 +859,37 @@ def test_gemv_wgmma_no_spills(N, K, b, KS, ST, BN, tmp_path, capfd):
         out[-2000:]
 
 
+@pytest.mark.parametrize("N,K,b,KS,BN", [(3584, 7168, 64, 4, 64), (7168, 768, 32, 3, 128), (768, 7168, 16, 16, 64)])
+def test_gemv_wgmma_gather_compiles(N, K, b, KS, BN, monkeypatch):
+    """K3FUSE_WG_GATHER=1: route adds GL = 1 to wgmma configs with KS > 1 (only there, and only when set); without
+    it the sources are unchanged. With it the cluster sum's ld.shared::cluster loads are ceil(NACC / KS) x KS per thread
+    (one entry per rank stride), all before the first output store in the PTX and in the SASS (codegen/sass.py: one
+    serial round trip on the path where the default has one per entry); the same MMAs; no local memory."""
+    from k3fuse.codegen import sass
+    cfg = gemv.wg_config(N, K, b, KS, 4, BN)
+    on = dict(cfg, GL=1)
+    assert gemv._clean(on) == on and gemv._clean(dict(cfg, GL=0)) == cfg
+    monkeypatch.delenv("K3FUSE_WG_GATHER", raising=False)
+    assert gemv._with_gather(cfg) == cfg
+    monkeypatch.setenv("K3FUSE_WG_GATHER", "1")
+    assert gemv._with_gather(cfg) == on and gemv._with_gather(dict(cfg, KS=1)) == dict(cfg, KS=1)
+    assert gemv._with_gather({"variant": "mma", "W": 4}) == {"variant": "mma", "W": 4}
+    src0, src = gemv.render_source(N, K, b, cfg)[1], gemv.render_source(N, K, b, on)[1]
+    assert "pv[j, q] = ld_cluster_f32" not in src0 and "pv[j, q] = ld_cluster_f32" in src
+    k0, k = gemv.build(N, K, b, cfg, arch="sm_90a", load=False), gemv.build(N, K, b, on, arch="sm_90a", load=False)
+    ptx0, ptx = ptx_of(k0), ptx_of(k)
+    nacc = BN * b // 128
+    loads = [m.start() for m in re.finditer(r"ld\.shared::cluster\.f32", ptx)]
+    assert len(loads) == -(-nacc // KS) * KS and max(loads) < ptx.find("st.global")
+    mma = r"wgmma\.mma_async\.sync\.aligned"
+    assert len(re.findall(mma, ptx)) == len(re.findall(mma, ptx0))
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    if sass.find_disassembler() is None:
+        pytest.skip("no nvdisasm / cuobjdump: the SASS is not read")
+    (r0,), (r,) = sass.read(k0.files["kernel.cubin"]), sass.read(k.files["kernel.cubin"])
+    assert r.path <= 2 and r0.path >= min(nacc // KS, 8) or nacc <= KS
+
+
 def test_gemv_wgmma_configs_and_route(monkeypatch):
     """The wgmma variant's rules: buckets 16-64, K a multiple of 64 * KS with KS <= 16, N a multiple of 8, the stages'
     shared memory within 200 KiB, no pdl prologue; sm_90a only (a clear error for other targets); the default takes

@@ -121,6 +121,32 @@ def test_gemv_wgmma_matches_reference(N, K, M):
     _gemv_configs_match_reference(N, K, M, list({str(c): c for c in cands}.values()), cands[2])
 
 
+@pytest.mark.parametrize("M", [13, 17, 64])
+@pytest.mark.parametrize("N,K,KS,BN", [(768, 7168, 8, 64), (768, 7168, 8, 128), (7168, 768, 3, 64),
+                                       (3216, 7168, 4, 64), (768, 7168, 16, 64)])
+def test_gemv_wgmma_gather_bitwise(N, K, KS, BN, M):
+    """The wgmma split-K cluster sum with every peer value loaded first (config GL = 1, K3FUSE_WG_GATHER=1): bitwise
+    the default sum (the same values in rank order), NaN-poisoned outputs, KS not dividing the thread's accumulators
+    (3), a cluster of 16 with fewer accumulators than CTAs (16 at bucket 16: ranks 8-15 store nothing), partial row
+    tiles (3216) and x tiles (13, 17); near fp64."""
+    if not _hopper():
+        pytest.skip("wgmma is sm_90a only")
+    from k3fuse.codegen import gemv
+    from k3fuse.codegen.buckets import bucket_for
+    b = bucket_for(M)
+    cfg = gemv.wg_config(N, K, b, KS, 4, BN)
+    assert cfg is not None and gemv.supports(N, K, b, dict(cfg, GL=1)) is None
+    x, w = bf(M, K), bf(N, K, scale=K ** -0.5)
+    ys = []
+    for c in (cfg, dict(cfg, GL=1)):
+        y = torch.full((M, N), float("nan"), device="cuda", dtype=torch.bfloat16)
+        gemv.linear(x, w, c, out=y)
+        torch.cuda.synchronize()
+        ys.append(y)
+    assert torch.isfinite(ys[1]).all() and torch.equal(ys[1], ys[0])
+    assert rel(ys[1], x.double() @ w.double().t()) < 1e-2
+
+
 @pytest.mark.parametrize("M", [17, 64])
 def test_gemv_wgmma_in_a_pdl_chain(M):
     """The wgmma kernel between two generated GEMVs in one CUDA graph under the PDL chain (the default): its weight

@@ -113,6 +113,23 @@ def test_branch_arms_are_alternatives():
     assert rep.path == 1 and [w.serial for w in rep.waits] == [True, False]
 
 
+def test_jump_table_targets_are_reachable():
+    # switch (r) { case 0: load a; use; case 1: load b; use } via BRX: both cases are on some path
+    rows = [("BRX R4 -0x20", hi()),
+            ("LDG.E R2, desc[UR4][R4.64]", hi(wbar=1)),       # case 0
+            ("FADD R3, R2, 1", hi(wait=0b10)),
+            ("BRA `(.L_x_1)", hi()),
+            ("LDG.E R2, desc[UR4][R6.64]", hi(wbar=1)),       # case 1
+            ("LDG.E R5, desc[UR4][R6.64+0x4]", hi(wbar=2)),
+            ("FADD R3, R2, 2", hi(wait=0b10)),
+            ("FADD R3, R5, R3", hi(wait=0b100)),
+            ("EXIT", hi())]                                    # .L_x_1
+    ins = sass.parse(listing(rows, labels={".L_x_1": 8}, nvdisasm=True))["kernel_cutlass_demo_kernel_tensorptr0"]
+    blocks, succ = sass._blocks(ins)
+    assert succ[0] == [1, 2]
+    assert sass.global_waits("f", ins).path == 1
+
+
 @pytest.mark.parametrize("pre", ["0", "5"])
 def test_mla_combine_gate_waits_in_the_sass(pre, monkeypatch, capsys):
     """The compiled TP16 bucket-64 combine (sm_90a, 4 tokens per CTA, gated): by default each of the thread's 4 gate
