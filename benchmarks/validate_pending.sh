@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s154           # (not run) K3FUSE_MLA_MLPAIR=1 (the CUDA-core combine's (max, sum) pairs in one pass): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s153           # (not run) K3FUSE_WG_GATHER=1 (the wgmma cluster sum's loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s152           # (not run) K3FUSE_MLA_CMMA_PRE=N (the combine's merge-independent loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s151           # (not run) K3FUSE_MOE_DOWN_RING=1 (the routed down's W2 tile ring, TP16): tests, memcheck, A/Bs
@@ -933,6 +934,15 @@ elif [ "$part" = s153 ]; then     # session 38 (not run): the wgmma split-K clus
     memcheck memcheck_gl 80 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-128 and 17"
     ab_run wg_gather 200 --var K3FUSE_WG_GATHER=0,1 --kinds kda,mla --tp 16,8 --ms 64,32,16 --pairs 8
     tar czf "$OUT/logs_s153.tgz" -C "$L" .
+elif [ "$part" = s154 ]; then     # session 38 (not run): the CUDA-core MLA combine (three launches or one) loads each split's
+    # (max, sum) pair in its first pass (K3FUSE_MLA_MLPAIR=1); by default the sums are loaded again after the block
+    # max, one serial L2 round trip more (codegen/sass.py: 8 -> 5 on a path at TP8 bucket 1). Bitwise the default.
+    # Predicted: -0.3..-0.8 us per MLA layer where that combine runs (TP8 M = 1-8, TP16 M = 4-16)
+    pytests mlpair 150 tests/test_mla_kernel_gpu.py -k "combine_ml_pair_bitwise"
+    K3FUSE_MLA_MLPAIR=1 memcheck memcheck_mlpair 80 tests/test_mla_kernel_gpu.py -k "matches_reference and 3-1000 and 12"
+    ab_run mlpair_tp8 200 --var K3FUSE_MLA_MLPAIR=0,1 --kinds mla --tp 8 --ms 1,2,4,8 --pairs 12
+    ab_run mlpair_tp16 150 --var K3FUSE_MLA_MLPAIR=0,1 --kinds mla --tp 16 --ms 4,8,16 --pairs 8
+    tar czf "$OUT/logs_s154.tgz" -C "$L" .
 elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
     # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8). First
     # the routed down's load groups once more: at TP16 M = 64 it ran at 71% of copy in session 36's ncu (373.9 MB in

@@ -375,6 +375,15 @@ def combine_mma_on(M: int, h: int, v: int, C: int, ns: int, one_g: Optional[int]
     return one_g is None and ns <= CMMA_MAX_SPLITS and combine_mma_choice(M, h) and combine_mma_reason(v, C) is None
 
 
+def ml_pair() -> bool:
+    """K3FUSE_MLA_MLPAIR=1 (opt-in, not run on a GPU): the CUDA-core combine (three launches or the one-launch kernel)
+    loads each split's (max, sum) pair in its first pass, the sums into shared memory, instead of the sums in a
+    second pass after the block max: in the sm_90a SASS that second pass's loads wait for the CTA barrier, one serial
+    L2 round trip (codegen/sass.py). The same values: bitwise the default. It runs where the tensor-core combine does
+    not: TP8 M = 1-8, TP16 M = 4-16. Read when a kernel is rendered."""
+    return os.environ.get("K3FUSE_MLA_MLPAIR", "0") == "1"
+
+
 CMMA_PRE_MAX_REGS = 40    # K3FUSE_MLA_CMMA_PRE's preloaded partials per lane (fp32 registers): 5 splits at CPW3 = 8
 
 
@@ -423,6 +432,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
                 **({"CTOK": int(ctok)} if cmma and ctok != 8 else {}),                # absent: the same source
                 **({"PRE3": combine_mma_pre(v, C, ctok)} if cmma and combine_mma_pre(v, C, ctok) else {}),
+                **({"MLPAIR": True} if not cmma and ml_pair() else {}),
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
                 **({"ASYNC": True, "ASYNC_2CTA": async_two_ctas(h, r, C, tt) and (hp <= 8 or asy == 2)}
                    if asy else {}),                                                # absent when off: the same source
@@ -477,7 +487,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
             combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
-            int(ctok) if cmma else 8, int(asy), combine_mma_pre(v, C, ctok) if cmma else 0)
+            int(ctok) if cmma else 8, int(asy), combine_mma_pre(v, C, ctok) if cmma else 0, not cmma and ml_pair())
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch, asy,

@@ -1034,6 +1034,38 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
+@pytest.mark.parametrize("one_g", [None, 128])
+def test_mla_combine_ml_pair_compiles(arch, one_g, monkeypatch):
+    """K3FUSE_MLA_MLPAIR=1 (opt-in): unset, the sources are unchanged; on, the CUDA-core combine (three launches, or
+    the one-launch kernel's phase) loads each split's sum in its first pass into shared memory and reads it back in
+    the second; the tensor-core combine is not touched; compiles without local memory. On sm_90a (with nvdisasm) the
+    three-launch combine's most serial round trips on a path drop (8 -> 5 at TP8 bucket 1 when written)."""
+    from k3fuse.codegen import sass
+    args = dict(h=12, **K3, scale=SCALE, splits=(8, 8) if one_g is None else (1, 1), arch=arch, one_g=one_g)
+    monkeypatch.delenv("K3FUSE_MLA_MLPAIR", raising=False)
+    plain = ma.render_source(**args)
+    monkeypatch.setenv("K3FUSE_MLA_MLPAIR", "0")
+    assert ma.render_source(**args) == plain and "sWs" not in plain
+    k0 = ma.build(**args, load=False)
+    monkeypatch.setenv("K3FUSE_MLA_MLPAIR", "1")
+    src = ma.render_source(**args)
+    assert src.count("sWs[s] = mMl[m, s, hd, 1]") == 1 and "lsum = lsum + wt * sWs[s]" in src
+    if one_g is None:
+        cm = dict(args, splits=(4, 1), cmma=True, ctok=4)
+        assert "sWs[s] = mMl" not in ma.render_source(**cm)       # the tensor-core combine has its own merge
+    k = ma.build(**args, load=False)
+    assert k.source == src and k.key != k0.key
+    ptx = open(k.files["kernel.ptx"]).read()
+    assert "ld.local" not in ptx and "st.local" not in ptx
+    if arch != "sm_90a" or one_g is not None:
+        return
+    if sass.find_disassembler() is None:
+        pytest.skip("no nvdisasm / cuobjdump: the SASS is not read")
+    (r0,), (r,) = sass.read(k0.files["kernel.cubin"], "combine"), sass.read(k.files["kernel.cubin"], "combine")
+    assert r.path < r0.path
+
+
+@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("h,gated", [(6, True), (12, False)])
 def test_mla_combine_mma_pre_compiles(arch, h, gated, monkeypatch, tmp_path, capfd):
     """K3FUSE_MLA_CMMA_PRE=N (opt-in): unset or 0 the sources are unchanged; on, only the 4-token tensor-core combine

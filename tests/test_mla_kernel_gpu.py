@@ -445,6 +445,27 @@ def test_mla_combine_mma_tokens_bitwise(M, h, n_split, monkeypatch, seed):
     _bitwise_with_knob(monkeypatch, "K3FUSE_MLA_CMMA_TOK", "8", "4", args, n_split, "cmma", "MT3 = 4")
 
 
+@pytest.mark.parametrize("M,T,seq_lens,h", [CASES[2] + (12,), CASES[3] + (6,), CASES[5] + (12,), CASES[8] + (6,)])
+@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
+def test_mla_combine_ml_pair_bitwise(M, T, seq_lens, h, one, monkeypatch, seed):
+    """K3FUSE_MLA_MLPAIR=1 (the CUDA-core combine loads each split's (max, sum) pair in its first pass): bitwise the
+    default, three launches and one, NaN-poisoned outputs, garbage past seq_lens; the variant's source ran."""
+    from k3fuse.codegen import mla_attention as ma
+    monkeypatch.setenv("K3FUSE_MLA_CMMA", "0")
+    args = inputs(M, h, T, seq_lens)
+    seen = _records_builds(monkeypatch)
+    outs = []
+    for v in ("0", "1"):
+        monkeypatch.setenv("K3FUSE_MLA_MLPAIR", v)
+        o = torch.full((M, h, V), float("nan"), device="cuda")
+        ma.mla_attention(*args, SCALE, out=o, one=one, heads=False)
+        torch.cuda.synchronize()
+        outs.append(o)
+    assert [("sWs[s] = mMl" in src) for _, src in seen] == [False, True]
+    assert torch.isfinite(outs[1]).all() and torch.equal(outs[1], outs[0])
+    assert rel(outs[1], reference(*args, SCALE)) < 1e-2
+
+
 @pytest.mark.parametrize("pre", ["1", "5"])
 @pytest.mark.parametrize("n_split", [None, 3, 13])
 @pytest.mark.parametrize("M,h,gated", [(17, 12, True), (40, 6, True), (64, 6, True), (64, 12, True), (64, 6, False)])
