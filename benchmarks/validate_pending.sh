@@ -35,7 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
-#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s154           # (not run) K3FUSE_MLA_MLPAIR=1 (the CUDA-core combine's (max, sum) pairs in one pass): tests, memcheck, A/Bs
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s154           # (not run) K3FUSE_MLA_EARLY=1 (qabsorb's and the combine's independent loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s153           # (not run) K3FUSE_WG_GATHER=1 (the wgmma cluster sum's loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s152           # (not run) K3FUSE_MLA_CMMA_PRE=N (the combine's merge-independent loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s151           # (not run) K3FUSE_MOE_DOWN_RING=1 (the routed down's W2 tile ring, TP16): tests, memcheck, A/Bs
@@ -906,7 +906,7 @@ elif [ "$part" = s151 ]; then     # session 37 (not run): the routed down's W2 t
 elif [ "$part" = s152 ]; then     # session 38 (not run): the 4-token tensor-core combine with its merge-independent loads at
     # its start (K3FUSE_MLA_CMMA_PRE=N: the 4 gate values, whose epilogue loads were 4 serial round trips, and the first
     # N splits' partials; each (max, sum) pair in one pass; the other partials in chunks of 4 splits). codegen/sass.py
-    # counts 13 -> 5 serial global round trips on a path (sm_90a, TP16 bucket 64; a lane at NS = 9: 10 -> 3). Bitwise.
+    # counts 15 -> 6 serial global round trips on a path (sm_90a, TP16 bucket 64; a lane at NS = 9: 10 -> 3). Bitwise.
     # Predicted: -1..-3 us per MLA layer where the combine runs (TP16 M = 32, 64; TP8 M = 16-64); more at TP8 (NS 16)
     pytests pre_smoke 120 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise and 64-6-True and None and 5"
     if ! grep -q "passed" "$L/log_pre_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_pre_smoke.txt"; then
@@ -934,14 +934,14 @@ elif [ "$part" = s153 ]; then     # session 38 (not run): the wgmma split-K clus
     memcheck memcheck_gl 80 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-128 and 17"
     ab_run wg_gather 200 --var K3FUSE_WG_GATHER=0,1 --kinds kda,mla --tp 16,8 --ms 64,32,16 --pairs 8
     tar czf "$OUT/logs_s153.tgz" -C "$L" .
-elif [ "$part" = s154 ]; then     # session 38 (not run): the CUDA-core MLA combine (three launches or one) loads each split's
-    # (max, sum) pair in its first pass (K3FUSE_MLA_MLPAIR=1); by default the sums are loaded again after the block
-    # max, one serial L2 round trip more (codegen/sass.py: 8 -> 5 on a path at TP8 bucket 1). Bitwise the default.
-    # Predicted: -0.3..-0.8 us per MLA layer where that combine runs (TP8 M = 1-8, TP16 M = 4-16)
-    pytests mlpair 150 tests/test_mla_kernel_gpu.py -k "combine_ml_pair_bitwise"
-    K3FUSE_MLA_MLPAIR=1 memcheck memcheck_mlpair 80 tests/test_mla_kernel_gpu.py -k "matches_reference and 3-1000 and 12"
-    ab_run mlpair_tp8 200 --var K3FUSE_MLA_MLPAIR=0,1 --kinds mla --tp 8 --ms 1,2,4,8 --pairs 12
-    ab_run mlpair_tp16 150 --var K3FUSE_MLA_MLPAIR=0,1 --kinds mla --tp 16 --ms 4,8,16 --pairs 8
+elif [ "$part" = s154 ]; then     # session 38 (not run): K3FUSE_MLA_EARLY=1, the three-launch MLA kernels' loads that wait on
+    # nothing issued with their first ones: qabsorb's q_pe, row position and k_pe (path 4 -> 2 with the append), the
+    # CUDA-core combine's (max, sum) pairs in one pass (8 -> 5 at TP8 bucket 1; codegen/sass.py). Bitwise the default.
+    # Predicted: -0.3..-1 us per MLA layer where the three launches run (TP8 M = 1-64, TP16 M = 4-64)
+    pytests early 150 tests/test_mla_kernel_gpu.py -k "early_loads_bitwise"
+    K3FUSE_MLA_EARLY=1 memcheck memcheck_early 80 tests/test_mla_kernel_gpu.py -k "matches_reference and 3-1000 and 12"
+    ab_run early_tp8 200 --var K3FUSE_MLA_EARLY=0,1 --kinds mla --tp 8 --ms 1,2,4,8 --pairs 12
+    ab_run early_tp16 150 --var K3FUSE_MLA_EARLY=0,1 --kinds mla --tp 16 --ms 4,8,16 --pairs 8
     tar czf "$OUT/logs_s154.tgz" -C "$L" .
 elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
     # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8). First

@@ -375,13 +375,17 @@ def combine_mma_on(M: int, h: int, v: int, C: int, ns: int, one_g: Optional[int]
     return one_g is None and ns <= CMMA_MAX_SPLITS and combine_mma_choice(M, h) and combine_mma_reason(v, C) is None
 
 
-def ml_pair() -> bool:
-    """K3FUSE_MLA_MLPAIR=1 (opt-in, not run on a GPU): the CUDA-core combine (three launches or the one-launch kernel)
-    loads each split's (max, sum) pair in its first pass, the sums into shared memory, instead of the sums in a
-    second pass after the block max: in the sm_90a SASS that second pass's loads wait for the CTA barrier, one serial
-    L2 round trip (codegen/sass.py). The same values: bitwise the default. It runs where the tensor-core combine does
-    not: TP8 M = 1-8, TP16 M = 4-16. Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_MLA_MLPAIR", "0") == "1"
+def early_loads() -> bool:
+    """K3FUSE_MLA_EARLY=1 (opt-in, not run on a GPU): loads that wait on nothing issued with the first ones, in the
+    three-launch kernels (and the one-launch kernel's phases). In the sm_90a SASS (codegen/sass.py) each of these was
+    a serial L2 round trip of its own:
+    - qabsorb (QAE): the new cache row's position and k_pe chunk (after the norm's barrier / the row's store) and q_pe
+      (after the q_s stores). Path 4 -> 2 with the append, 4 -> 3 (TP8 bucket 1).
+    - The CUDA-core combine (MLPAIR): each split's (max, sum) pair in its first pass, the sums into shared memory,
+      instead of the sums again after the block max. Path 8 -> 5 at TP8 bucket 1. It runs where the tensor-core
+      combine does not: TP8 M = 1-8, TP16 M = 4-16.
+    The same values and arithmetic: bitwise the default. Read when a kernel is rendered."""
+    return os.environ.get("K3FUSE_MLA_EARLY", "0") == "1"
 
 
 CMMA_PRE_MAX_REGS = 40    # K3FUSE_MLA_CMMA_PRE's preloaded partials per lane (fp32 registers): 5 splits at CPW3 = 8
@@ -394,7 +398,7 @@ def combine_mma_pre(v: int, C: int, ctok: int) -> int:
     splits' partials (capped at CMMA_PRE_MAX_REGS registers); each split's (max, sum) pair in one pass instead of two;
     the other partials in chunks of 4 splits without a remainder loop. The same sums in the same order: bitwise the
     default (tests/test_mla_kernel_gpu.py). Serial global round trips (codegen/sass.py, sm_90a, TP16 bucket 64): the
-    most on a control-flow path 13 -> 5 with N = 5; a lane at NS = 9 splits waits 10 -> 3 times (by hand). Not run on a
+    most on a control-flow path 15 -> 6 with N = 5; a lane at NS = 9 splits waits 10 -> 3 times (by hand). Not run on a
     GPU yet. Read when a kernel is rendered."""
     n = int(os.environ.get("K3FUSE_MLA_CMMA_PRE", "0") or 0)
     if n <= 0 or ctok == 8 or combine_mma_reason(v, C, ctok) is not None:
@@ -432,7 +436,8 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
                 **({"CTOK": int(ctok)} if cmma and ctok != 8 else {}),                # absent: the same source
                 **({"PRE3": combine_mma_pre(v, C, ctok)} if cmma and combine_mma_pre(v, C, ctok) else {}),
-                **({"MLPAIR": True} if not cmma and ml_pair() else {}),
+                **({"MLPAIR": True} if not cmma and early_loads() else {}),
+                **({"QAE": True} if early_loads() else {}),
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
                 **({"ASYNC": True, "ASYNC_2CTA": async_two_ctas(h, r, C, tt) and (hp <= 8 or asy == 2)}
                    if asy else {}),                                                # absent when off: the same source
@@ -487,7 +492,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
             combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
-            int(ctok) if cmma else 8, int(asy), combine_mma_pre(v, C, ctok) if cmma else 0, not cmma and ml_pair())
+            int(ctok) if cmma else 8, int(asy), combine_mma_pre(v, C, ctok) if cmma else 0, early_loads())
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch, asy,

@@ -9,12 +9,11 @@ chain is read off the machine code, not the template.
 How: on sm_70 and later every instruction carries control bits in the top of its 128-bit encoding (bits 105-125:
 stall, yield, write barrier, read barrier, wait mask, reuse). A variable-latency instruction (LDG ...) names the
 scoreboard (0-5) it releases when its data has arrived; an instruction that needs that data waits on the scoreboard
-in its wait mask. A wait on a scoreboard with global loads outstanding is exposed global latency. It is a serial
-round trip when one of the loads it waits for issued after the previous exposed wait on the same path (else that
-load was already in flight during the previous one and overlapped it). `path` is the most serial round trips along
-one path through the control flow (the branches' arms are alternatives, a loop body counts once: back edges are
-dropped), a reading aid for a warp's critical chain, not a cycle model; `waits` / `serial` list every exposed wait
-in code order (`-v`).
+in its wait mask. A wait on a scoreboard with global loads outstanding is exposed global latency. The round trips
+on a path form a chain: a load issued after the path has waited k round trips has landed after k + 1 at the earliest,
+so a wait that releases it puts the path at k + 1 or more (it is `serial` in the listing when it moves the path).
+`path` is the longest such chain through the control flow (the branches' arms are alternatives, a loop body counts
+once: back edges are dropped; jump tables are followed), a reading aid for a warp's critical chain, not a cycle model.
 
     python -m k3fuse.codegen.sass CUBIN_OR_DIR [--kernel SUBSTR] [-v]
 
@@ -62,7 +61,7 @@ class Instr:
 class Wait:
     at: Instr
     loads: list        # the global loads (Instr) this wait is the first to need
-    serial: bool       # one of them issued after the previous exposed wait: a round trip of its own
+    serial: bool       # it moves the chain: one of them was issued after the last round trip the code waited for
     loop: bool         # inside a loop body (a backward branch spans it)
 
 
@@ -189,21 +188,21 @@ def _blocks(instrs: list) -> tuple:
     return blocks, succ
 
 
-def _step(ins: Instr, pending: dict) -> tuple:
-    """(the loads a wait of ins releases, whether one of them is new since the previous exposed wait); updates
-    pending {scoreboard: [(load, new)]} in place."""
+def _step(ins: Instr, pending: dict, depth: int) -> tuple:
+    """One instruction on a path: (the loads its wait releases, the path's round-trip depth after it). pending
+    {scoreboard: [(load, depth at its issue)]} is updated in place. A load issued at depth d has landed at d + 1 at
+    the earliest, so a wait that releases it moves the path to at least d + 1: the round trips on a path are a chain
+    of waits, each on a load issued after the previous one returned."""
     hit = []
     for b in range(6):
         if ins.wait >> b & 1 and pending[b]:
             hit += pending[b]
             pending[b] = []
-    serial = any(new for _, new in hit)
-    if hit:           # everything still in flight was issued before this wait: no longer new
-        for b in pending:
-            pending[b] = [(l, False) for l, _ in pending[b]]
+    if hit:
+        depth = max(depth, max(d + 1 for _, d in hit))
     if ins.global_read and ins.wbar != NO_BARRIER:
-        pending[ins.wbar].append((ins, True))
-    return [l for l, _ in hit], serial
+        pending[ins.wbar].append((ins, depth))
+    return [l for l, _ in hit], depth
 
 
 def global_waits(name: str, instrs: list) -> Report:
@@ -211,24 +210,25 @@ def global_waits(name: str, instrs: list) -> Report:
     rep = Report(name, instrs)
     spans = loops(instrs)
     pending = {b: [] for b in range(6)}
+    depth = 0
     for ins in instrs:                      # code order: every wait, for the listing
-        hit, serial = _step(ins, pending)
+        hit, new = _step(ins, pending, depth)
         if hit:
-            rep.waits.append(Wait(ins, hit, serial, any(s <= ins.addr <= e for s, e in spans)))
+            rep.waits.append(Wait(ins, hit, new > depth, any(s <= ins.addr <= e for s, e in spans)))
+        depth = new
     blocks, succ = _blocks(instrs)
-    best: dict = {0: (0, {b: [] for b in range(6)})}     # block -> (serial count, pending) of its best predecessor
+    best: dict = {0: (0, {b: [] for b in range(6)})}     # block -> (depth, pending) of its deepest predecessor
     for k, b in enumerate(blocks):         # address order is a topological order once back edges are dropped
         if k not in best:
             continue
-        count, pend = best[k]
+        depth, pend = best[k]
         pend = {x: list(v) for x, v in pend.items()}
         for n in b:
-            hit, serial = _step(instrs[n], pend)
-            count += serial
-        rep.path = max(rep.path, count)
+            _, depth = _step(instrs[n], pend, depth)
+        rep.path = max(rep.path, depth)
         for j in succ[k]:
-            if j not in best or best[j][0] < count:
-                best[j] = (count, pend)
+            if j not in best or best[j][0] < depth:
+                best[j] = (depth, pend)
     return rep
 
 

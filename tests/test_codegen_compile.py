@@ -863,8 +863,8 @@ def test_gemv_wgmma_no_spills(N, K, b, KS, ST, BN, tmp_path, capfd):
 def test_gemv_wgmma_gather_compiles(N, K, b, KS, BN, monkeypatch):
     """K3FUSE_WG_GATHER=1: route adds GL = 1 to wgmma configs with KS > 1 (only there, and only when set); without
     it the sources are unchanged. With it the cluster sum's ld.shared::cluster loads are ceil(NACC / KS) x KS per thread
-    (one entry per rank stride), all before the first output store in the PTX and in the SASS (codegen/sass.py: one
-    serial round trip on the path where the default has one per entry); the same MMAs; no local memory."""
+    (one entry per rank stride), all before the first output store in the PTX; in the SASS (codegen/sass.py) a chain of
+    at most 3 round trips where the default has one per entry; the same MMAs; no local memory."""
     from k3fuse.codegen import sass
     cfg = gemv.wg_config(N, K, b, KS, 4, BN)
     on = dict(cfg, GL=1)
@@ -887,7 +887,8 @@ def test_gemv_wgmma_gather_compiles(N, K, b, KS, BN, monkeypatch):
     if sass.find_disassembler() is None:
         pytest.skip("no nvdisasm / cuobjdump: the SASS is not read")
     (r0,), (r,) = sass.read(k0.files["kernel.cubin"]), sass.read(k.files["kernel.cubin"])
-    assert r.path <= 2 and r0.path >= min(nacc // KS, 8) or nacc <= KS
+    if nacc > KS:                       # else one entry per thread at most: nothing to gather
+        assert r.path <= 3 and r0.path >= nacc // KS > r.path
 
 
 def test_gemv_wgmma_configs_and_route(monkeypatch):

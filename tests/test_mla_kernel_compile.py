@@ -1034,22 +1034,27 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("one_g", [None, 128])
-def test_mla_combine_ml_pair_compiles(arch, one_g, monkeypatch):
-    """K3FUSE_MLA_MLPAIR=1 (opt-in): unset, the sources are unchanged; on, the CUDA-core combine (three launches, or
-    the one-launch kernel's phase) loads each split's sum in its first pass into shared memory and reads it back in
-    the second; the tensor-core combine is not touched; compiles without local memory. On sm_90a (with nvdisasm) the
-    three-launch combine's most serial round trips on a path drop (8 -> 5 at TP8 bucket 1 when written)."""
+@pytest.mark.parametrize("one_g,gated", [(None, True), (None, False), (128, False)])
+def test_mla_early_loads_compile(arch, one_g, gated, monkeypatch):
+    """K3FUSE_MLA_EARLY=1 (opt-in): unset or 0, the sources are unchanged; on, qabsorb loads q_pe (and with the append,
+    the row's position and k_pe chunk) with its first loads, and the CUDA-core combine (three launches, or the one-launch
+    kernel's phase) loads each split's sum in its first pass into shared memory; the tensor-core combine keeps its own
+    merge; compiles without local memory. On sm_90a (with nvdisasm) the most serial round trips on a path drop in
+    qabsorb and the combine (TP8 bucket 1 when written: 4 -> 3 and 8 -> 5; plain qabsorb 3 -> 2)."""
     from k3fuse.codegen import sass
-    args = dict(h=12, **K3, scale=SCALE, splits=(8, 8) if one_g is None else (1, 1), arch=arch, one_g=one_g)
-    monkeypatch.delenv("K3FUSE_MLA_MLPAIR", raising=False)
+    args = dict(h=12, **K3, scale=SCALE, splits=(8, 8) if one_g is None else (1, 1), arch=arch, one_g=one_g,
+                append_eps=1e-6 if gated else None, gate=gated, out_dtype="bfloat16" if gated else "float32")
+    monkeypatch.delenv("K3FUSE_MLA_EARLY", raising=False)
     plain = ma.render_source(**args)
-    monkeypatch.setenv("K3FUSE_MLA_MLPAIR", "0")
-    assert ma.render_source(**args) == plain and "sWs" not in plain
+    monkeypatch.setenv("K3FUSE_MLA_EARLY", "0")
+    assert ma.render_source(**args) == plain and "sWs" not in plain and "qpe" not in plain
     k0 = ma.build(**args, load=False)
-    monkeypatch.setenv("K3FUSE_MLA_MLPAIR", "1")
+    monkeypatch.setenv("K3FUSE_MLA_EARLY", "1")
     src = ma.render_source(**args)
     assert src.count("sWs[s] = mMl[m, s, hd, 1]") == 1 and "lsum = lsum + wt * sWs[s]" in src
+    assert "mQs[m, hd, C + j] = qpe[i]" in src
+    assert (src.index("pos = mSl[m]") < src.index("cute.arch.barrier()", src.index("gN[(None,), (tidx,)]"))) if gated \
+        else "pos = mSl[m]" not in src
     if one_g is None:
         cm = dict(args, splits=(4, 1), cmma=True, ctok=4)
         assert "sWs[s] = mMl" not in ma.render_source(**cm)       # the tensor-core combine has its own merge
@@ -1061,8 +1066,9 @@ def test_mla_combine_ml_pair_compiles(arch, one_g, monkeypatch):
         return
     if sass.find_disassembler() is None:
         pytest.skip("no nvdisasm / cuobjdump: the SASS is not read")
-    (r0,), (r,) = sass.read(k0.files["kernel.cubin"], "combine"), sass.read(k.files["kernel.cubin"], "combine")
-    assert r.path < r0.path
+    for name in ("combine", "qabsorb"):
+        (r0,), (r,) = sass.read(k0.files["kernel.cubin"], name), sass.read(k.files["kernel.cubin"], name)
+        assert r.path < r0.path, name
 
 
 @pytest.mark.parametrize("arch", ARCHES)
