@@ -439,7 +439,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated families to build (gemv, fused_residual_norm, "
                                                "prefetch_l2, kda_recurrent, mla_attention, moe_experts, "
                                                "mixnorm_allreduce, allgather_oneshot, router_topk)")
+    ap.add_argument("--sass", action="store_true", help="read each kernel's SASS (codegen/sass.py: exposed "
+                                                         "global-load waits, the longest round-trip chain) into the "
+                                                         "manifest; needs nvdisasm or cuobjdump")
     a = ap.parse_args(argv)
+    if a.sass:
+        from . import sass
+        if sass.find_disassembler() is None:
+            ap.error("--sass needs nvdisasm or cuobjdump (pip install nvidia-cuda-nvdisasm)")
     batches = [int(b) for b in a.batch.split(",") if b]
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -475,6 +482,9 @@ def main(argv: Optional[list[str]] = None) -> int:
                 files[fname.rsplit(".", 1)[1]] = f"{d['name']}/{fname}"
         d["files"] = files
         d["arch"] = a.arch
+        if a.sass:     # per entry function: global loads, exposed waits, the longest chain of round trips
+            d["sass"] = {r.name: dict(global_loads=r.global_reads, waits=len(r.waits), path=r.path)
+                         for r in sass.read(str(out / files["cubin"]))}
         kernels.append(d)
     from .cache import dsl_version
     from .fused_residual_norm import mixnorm_cluster, mixnorm_push
@@ -491,6 +501,10 @@ def main(argv: Optional[list[str]] = None) -> int:
           f"(table {tuning_info['gpu_table'] or 'none for ' + a.arch}"
           f"{', overlay ' + tuning_info['overlay'] if tuning_info['overlay'] else ''}); {none} took the heuristic "
           "default (manifest.json 'tuning')")
+    if a.sass:
+        rows = sorted(((f["path"], f"{k['name']}:{fn}") for k in kernels for fn, f in k["sass"].items()), reverse=True)
+        print("sass: the longest round-trip chains (manifest.json 'sass'): "
+              + ", ".join(f"{n} {p}" for p, n in rows[:5]))
     return 1 if failed else 0
 
 

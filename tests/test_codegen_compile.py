@@ -353,6 +353,27 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     assert [k.get("note") for k in m["kernels"] if k["family"] == "router_topk"] == [None]
 
 
+def test_kernels_cli_sass(tmp_path, monkeypatch, capsys):
+    """`k3fuse kernels --sass`: each kernel's entry functions in the manifest with their global loads, exposed waits
+    and longest round-trip chain (codegen/sass.py), and a summary line; without a disassembler, a clear error."""
+    from k3fuse.codegen import kernels_cli, sass
+    args = ["--config", "tiny", "--tp", "1", "--batch", "1", "--arch", "sm_90a", "--only", "moe_experts,router_topk",
+            "--sass"]
+    if sass.find_disassembler() is not None:
+        assert kernels_cli.main(args + ["--out", str(tmp_path / "a")]) == 0
+        m = json.loads((tmp_path / "a" / "manifest.json").read_text())
+        assert {k["family"] for k in m["kernels"]} == {"moe_experts", "router_topk"}
+        for k in m["kernels"]:
+            assert k["sass"] and all(f["global_loads"] > 0 and 0 < f["path"] <= f["waits"] for f in k["sass"].values())
+        moe = next(k for k in m["kernels"] if k["family"] == "moe_experts")
+        assert set(moe["sass"]) == {"up_kernel", "down_kernel"}
+        assert "sass: the longest round-trip chains" in capsys.readouterr().out
+    monkeypatch.setattr(sass, "find_disassembler", lambda: None)
+    with pytest.raises(SystemExit):
+        kernels_cli.main(args + ["--out", str(tmp_path / "b")])
+    assert "nvidia-cuda-nvdisasm" in capsys.readouterr().err
+
+
 def test_kernels_cli_lists_inkernel_collectives_under_tp(tmp_path):
     """TP 2 (tiny): every mix-norm variant has its in-kernel all-reduce twin (+ the partial-addend one for an addend)
     and the MoE split's packed gather has its kernel; all compile."""
