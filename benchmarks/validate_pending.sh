@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s155           # (not run) s152-s154's three bitwise variants together: smoke, tests, memcheck, one summed A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s154           # (not run) K3FUSE_MLA_EARLY=1 (qabsorb's and the combine's independent loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s153           # (not run) K3FUSE_WG_GATHER=1 (the wgmma cluster sum's loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s152           # (not run) K3FUSE_MLA_CMMA_PRE=N (the combine's merge-independent loads first): tests, memcheck, A/Bs
@@ -943,6 +944,26 @@ elif [ "$part" = s154 ]; then     # session 38 (not run): K3FUSE_MLA_EARLY=1, th
     ab_run early_tp8 200 --var K3FUSE_MLA_EARLY=0,1 --kinds mla --tp 8 --ms 1,2,4,8 --pairs 12
     ab_run early_tp16 150 --var K3FUSE_MLA_EARLY=0,1 --kinds mla --tp 16 --ms 4,8,16 --pairs 8
     tar czf "$OUT/logs_s154.tgz" -C "$L" .
+elif [ "$part" = s155 ]; then     # session 38 (not run): s152-s154 in one call, for a short device budget. All three are bitwise
+    # the defaults and only remove serial round trips (codegen/sass.py), so one summed A/B decides whether to take them
+    # all; s152-s154 attribute it afterwards. Smoke cases first, each stops the part on a mismatch
+    for t in "tests/test_mla_kernel_gpu.py combine_mma_pre_bitwise and 64-6-True and None and 5" \
+             "tests/test_kernels_gpu.py wgmma_gather_bitwise and 768-7168-8-64 and 64" \
+             "tests/test_mla_kernel_gpu.py early_loads_bitwise and append_gate and three_launches and 1-4096"; do
+        f=${t%% *}; k=${t#* }
+        pytests smoke 100 "$f" -k "$k"
+        if ! grep -q "passed" "$L/log_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_smoke.txt"; then
+            echo "s155: smoke case '$k' failed; stopping" | tee -a "$S"; tail -30 "$L/log_smoke.txt"
+            tar czf "$OUT/logs_s155.tgz" -C "$L" .; exit 1
+        fi
+    done
+    pytests bitwise3 200 tests/test_mla_kernel_gpu.py tests/test_kernels_gpu.py \
+        -k "combine_mma_pre_bitwise or wgmma_gather_bitwise or early_loads_bitwise"
+    K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_EARLY=1 K3FUSE_WG_GATHER=1 memcheck memcheck3 100 tests/test_mla_kernel_gpu.py \
+        tests/test_kernels_gpu.py -k "(combine_mma_append_gate_and_graph and 6-True) or (wgmma_gather_bitwise and 768-7168-8-128 and 17) or (early_loads_bitwise and append_gate and 3-1000)"
+    ab_run s38_sum 180 --arms "-; K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_EARLY=1 K3FUSE_WG_GATHER=1" --kinds mla \
+        --tp 16,8 --ms 64,16 --pairs 8
+    tar czf "$OUT/logs_s155.tgz" -C "$L" .
 elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
     # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8). First
     # the routed down's load groups once more: at TP16 M = 64 it ran at 71% of copy in session 36's ncu (373.9 MB in
