@@ -1,5 +1,6 @@
 """Shared checks: rel (the GPU tests poison outputs with NaN before a kernel runs), entries (a compiled module's PTX
-by kernel) and compiled_steps (the tiny K3 compiled with chosen passes, a few decode steps)."""
+by kernel), ptxas_report (ptxas's registers and spills by kernel) and compiled_steps (the tiny K3 compiled with chosen
+passes, a few decode steps)."""
 import re
 
 import torch
@@ -19,6 +20,27 @@ def entries(ptx):
         name = re.match(r"kernel_cutlass_([a-z0-9_]+?_kernel)", p)
         out[name.group(1) if name else p[:40]] = p
     return out
+
+
+def ptxas_report(src, name, arch, tmp_path, capfd):
+    """{entry (split_kernel, down_mma_kernel, ...): (registers, spill store bytes, spill load bytes)} from ptxas's
+    remarks when the rendered source is compiled for arch (a module named `name` under tmp_path). A name seen
+    several times (ptxas may report an entry more than once) keeps its last report."""
+    import cutlass.cute as cute
+    from k3fuse.codegen import compile as kcompile
+    mod = kcompile._import_source(src, name, tmp_path)
+    capfd.readouterr()
+    cute.compile(mod.ENTRY, *mod.fake_args(), options=f"--gpu-arch {arch} --enable-tvm-ffi remarks{{ptx}}")
+    out = "".join(capfd.readouterr())
+    rep = {}
+    for seg in out.split("Compiling entry function")[1:]:
+        m = re.search(r"kernel_cutlass_([a-z0-9_]+?_kernel)", seg[:400])
+        regs = re.search(r"Used (\d+) registers", seg)
+        sp = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", seg)
+        assert m and regs and sp, seg[:1000]
+        rep[m.group(1)] = (int(regs.group(1)), int(sp.group(1)), int(sp.group(2)))
+    assert rep, out[-2000:]
+    return rep
 
 
 def compiled_steps(cfg, dtype, M=3, steps=2, seed=0, **options):
