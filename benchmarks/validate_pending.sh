@@ -35,6 +35,7 @@
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s24            # session 18's unrun split-K GEMM: tests, memcheck, tune at M = 32 / 64
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s26            # M = 1 MoE configs re-tuned with rotated routings, layer A/B old vs new
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s27            # TP8 M = 1 down: slot parallelism A/B'd in the layer, then the rows
+#   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s156           # (not run) K3FUSE_MOE_DOWN_AXB=1 (AX's W2 loads one slot per batch, M = 1): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s155           # (not run) s152-s154's three bitwise variants together: smoke, tests, memcheck, one summed A/B
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s154           # (not run) K3FUSE_MLA_EARLY=1 (qabsorb's and the combine's independent loads first): tests, memcheck, A/Bs
 #   bash benchmarks/on_device.sh bash benchmarks/validate_pending.sh s153           # (not run) K3FUSE_WG_GATHER=1 (the wgmma cluster sum's loads first): tests, memcheck, A/Bs
@@ -964,6 +965,18 @@ elif [ "$part" = s155 ]; then     # session 38 (not run): s152-s154 in one call,
     ab_run s38_sum 180 --arms "-; K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_EARLY=1 K3FUSE_WG_GATHER=1" --kinds mla \
         --tp 16,8 --ms 64,16 --pairs 8
     tar czf "$OUT/logs_s155.tgz" -C "$L" .
+elif [ "$part" = s156 ]; then     # session 38 (not run): the per-slot routed down at M = 1 with AX's W2 loads in batches of one
+    # slot (K3FUSE_MOE_DOWN_AXB=1 with K3FUSE_MOE_DOWN_AX=1): at TP8 bucket 1 the SB kernel's round-trip chain is 23 at
+    # 48 registers, AX's 2 at 122 (one 512-thread CTA per SM), AXB=1's 5 at 64 (two); session 22 measured SB and AX
+    # alike at M = 1. The down is TP8 M = 1's largest item above its bytes (61% of copy, 17.1 us for 44 MB).
+    # Predicted: -1..-3 us per layer at TP8 M = 1 (either kind), less at TP16 (22 MB)
+    pytests axb 150 tests/test_moe_kernel_gpu.py -k "down_axb_bit_identical"
+    K3FUSE_MOE_DOWN_AX=1 K3FUSE_MOE_DOWN_AXB=1 memcheck memcheck_axb 80 tests/test_moe_kernel_gpu.py \
+        -k "down_axb_bit_identical and tp8 and 4-4-1"
+    ab_run axb_m1 200 --arms "K3FUSE_MOE_DOWN_AX=0; K3FUSE_MOE_DOWN_AX=1 K3FUSE_MOE_DOWN_AXB=1" --kinds kda,mla \
+        --tp 8,16 --ms 1 --pairs 16
+    K3FUSE_MOE_DOWN_AX=1 ab_run axb_vs_ax 120 --var K3FUSE_MOE_DOWN_AXB=0,1 --kinds kda --tp 8 --ms 1,2 --pairs 12
+    tar czf "$OUT/logs_s156.tgz" -C "$L" .
 elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
     # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8). First
     # the routed down's load groups once more: at TP16 M = 64 it ran at 71% of copy in session 36's ncu (373.9 MB in

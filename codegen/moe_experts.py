@@ -365,6 +365,18 @@ def down_ax(I: int, KT: int, cfg: dict, bucket: int) -> bool:
     return nvec <= MAX_AX_VECTORS and 4 * nvec + 24 <= min(255, 65536 // (32 * cfg["WD"] * cfg.get("KS", 1)))
 
 
+def down_axb(ksl: int) -> int:
+    """K3FUSE_MOE_DOWN_AXB=N (opt-in, with AX; not run on a GPU): AX's W2 vectors N slots at a time instead of all
+    ksl = KT / KS of a lane's slots at once, a CTA barrier between each batch's loads and its FMAs. Why: at TP8 M = 1
+    (KS = 4, LPR = 8) the SB kernel uses 48 registers and its longest round-trip chain is 23 (ptxas interleaves
+    its loads with the FMAs; codegen/sass.py), AX cuts the chain to 2 but needs 122 registers (one 512-thread CTA per
+    SM instead of two), and the layer measured the two alike (session 22). With N = 1 the chain is ksl + 1 = 5 at
+    fewer registers. The same sums in the same order as AX. 0 (unset), N >= ksl or N not dividing ksl: plain AX.
+    Read when a kernel is rendered."""
+    n = int(os.environ.get("K3FUSE_MOE_DOWN_AXB", "0") or 0)
+    return n if 0 < n < ksl and ksl % n == 0 else 0
+
+
 def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     nv = D // 8
     group = bool(cfg["GROUP"]) and bucket > 1
@@ -375,6 +387,9 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
                   DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
     if down_ax(I, KT, cfg, bucket):
         params["AX"] = True      # passed only when on: the other sources stay as they were
+        axb = down_axb(KT // cfg.get("KS", 1))
+        if axb:
+            params["AXB"] = axb  # likewise
     # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were
     params.update(up_mma(I, D, KT, bucket, group, cfg.get("UPMMA"), cfg.get("UCTAS")) or {})
     params.update(down_mma(I, D, KT, bucket, group, cfg.get("DOWNMMA"), cfg.get("DCTAS")) or {})
@@ -405,7 +420,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
             os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
             os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""),
-            os.environ.get("K3FUSE_MOE_DOWN_AX", ""), down_we(), up_ballot(), os.environ.get("K3FUSE_MOE_UP_CTAS", ""),
+            os.environ.get("K3FUSE_MOE_DOWN_AX", ""), os.environ.get("K3FUSE_MOE_DOWN_AXB", ""), down_we(), up_ballot(), os.environ.get("K3FUSE_MOE_UP_CTAS", ""),
             member_lists(), down_ring())
     k = _built.get(memo)
     if k is not None:

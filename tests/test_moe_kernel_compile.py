@@ -459,6 +459,38 @@ def test_down_ax_loads_ahead(tp, b, ks, wd, lpr, monkeypatch):
     assert not any(o in ("STL", "LDL") for o in ops)
 
 
+@pytest.mark.parametrize("tp,ks,wd,lpr,axb", [(8, 4, 4, 8, 1), (16, 4, 2, 8, 1), (8, 4, 4, 8, 2)])
+def test_down_axb_batches(tp, ks, wd, lpr, axb, monkeypatch, tmp_path, capfd):
+    """K3FUSE_MOE_DOWN_AXB=N (opt-in, with AX): unset, the AX source is unchanged; N >= KT / KS or not dividing it,
+    plain AX; on, the down kernel loads all ids first, then per batch its W2 vectors behind one CTA barrier each
+    (KSL / N, plus the slot groups' sum); compiled for sm_90a without spills, within 64 registers at N = 1 (two
+    512-thread CTAs per SM, where AX takes 122 at TP8) and, with nvdisasm, a round-trip chain of at most KSL / N + 1
+    (the SB kernel's at TP8 bucket 1: 23, codegen/sass.py)."""
+    from k3fuse.codegen import sass
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
+    I, b, ksl = I_TP[tp], 1, KT // ks
+    cfg = dict(me.default_config(E, I, D, KT, b), KS=ks, WD=wd, SB=1, LPR=lpr, RT=1)
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_AXB", raising=False)
+    ax = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
+    for v in ("0", str(ksl), "3"):
+        monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", v)
+        assert me.down_axb(ksl) == 0 and me.render_source(E, I, D, KT, b, cfg=cfg)[0] == ax
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", str(axb))
+    src = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
+    assert f"AXB = {axb} " in src and src != ax
+    down = src[src.index("def down_kernel"):src.index("def ENTRY")]
+    assert down.count("cute.arch.barrier()") == 1 + (ks > 1)          # one in the batch loop (unrolled), the sum's
+    regs, st, ld = ptxas_report(src, f"axb_{tp}_{axb}", "sm_90a", tmp_path, capfd)["down_kernel"]
+    assert st == ld == 0 and (regs <= 64 or axb > 1)
+    k = me.build(E, I, D, KT, b, cfg=cfg, arch="sm_90a", load=False)
+    assert k.source == src and "ld.local" not in open(k.files["kernel.ptx"]).read()
+    if sass.find_disassembler() is None:
+        pytest.skip("no nvdisasm / cuobjdump: the SASS is not read")
+    (r,) = sass.read(k.files["kernel.cubin"], "down_kernel")
+    assert r.path <= ksl // axb + 1
+
+
 def test_down_ax_follows_the_measured_rule(monkeypatch):
     """Unset, K3FUSE_MOE_DOWN_AX takes AX_MEASURED: on at TP8 (I = 384) buckets 2 and 4, where the layer measured it
     faster, off at bucket 1 and at TP16; =1 forces it where the vectors fit, =0 never."""

@@ -269,6 +269,33 @@ def test_moe_member_lists_bit_identical(experts, M, monkeypatch):
 
 
 @pytest.mark.parametrize("M", [1, 2, 3])
+@pytest.mark.parametrize("ks,wd,axb", [(4, 2, 1), (4, 4, 1), (4, 4, 2), (2, 2, 4)])
+def test_moe_down_axb_bit_identical(experts, M, ks, wd, axb, monkeypatch):
+    """K3FUSE_MOE_DOWN_AXB=N with AX (the W2 vectors N slots per batch, a CTA barrier between a batch's loads and
+    its FMAs): bitwise AX's output (the same sums in slot order), poisoned outputs, near the reference; the batched
+    source ran (N < KT / KS, else plain AX)."""
+    from k3fuse.codegen import moe_experts as me
+    I, w13, w2 = experts
+    z = torch.randn(M, D, device="cuda").to(torch.bfloat16)
+    ids, w = routing(M, 950 + 10 * ks + M)
+    lpr = 16 if ks == 2 and I == 384 else 8
+    cfg = dict(me.config_for(E, I, D, KT, bucket_for(M)), KS=ks, WD=wd, SB=1, LPR=lpr, RT=1)
+    cfg.pop("DOWNMMA", None)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
+    assert me.down_ax(I, KT, cfg, bucket_for(M))
+    outs = {}
+    for v in ("0", str(axb)):
+        monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", v)
+        assert ("AXB = " in me.render_source(E, I, D, KT, bucket_for(M), cfg=cfg)[0]) == (0 < int(v) < KT // ks)
+        out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+        me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, cfg, out=out)
+        outs[v] = out
+    torch.cuda.synchronize()
+    assert rel(outs[str(axb)], reference(z, ids, w, w13, w2)) < 1e-2
+    assert torch.equal(outs["0"], outs[str(axb)])
+
+
+@pytest.mark.parametrize("M", [1, 2, 3])
 @pytest.mark.parametrize("ks,wd", [(4, 2), (4, 4), (2, 2)])
 def test_moe_down_ax_bit_identical(experts, M, ks, wd, monkeypatch):
     """K3FUSE_MOE_DOWN_AX=1 (the down's W2 loads all ahead of its FMAs, the token's activations through shared
