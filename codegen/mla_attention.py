@@ -423,6 +423,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
     nch = (C + r) // 8
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
     nld = -(-tt * nch // THREADS)
+    pre3 = combine_mma_pre(v, C, ctok) if cmma else 0
     return dict(H=h, HP=hp, N=n, V=v, R=r, C=C, TT=tt, THREADS=THREADS, HPT=score_hpt(hp, tt),
                 PIPE=bool(pipe) and nld <= LOADS_IN_FLIGHT, MMA=mma_scores(hp, r, C, tt), HG=HG, HH=hp // HG,
                 CPT=C // (THREADS // HG), UNROLL_S=unroll, LDG=LOADS_IN_FLIGHT, SCALE=repr(float(scale)), QDT=_dtname(q_dtype),
@@ -435,7 +436,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 **({"RB3": rb3} if rb3 else {}),      # absent when off: the same source
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
                 **({"CTOK": int(ctok)} if cmma and ctok != 8 else {}),                # absent: the same source
-                **({"PRE3": combine_mma_pre(v, C, ctok)} if cmma and combine_mma_pre(v, C, ctok) else {}),
+                **({"PRE3": pre3} if pre3 else {}),
                 **({"MLPAIR": True} if not cmma and early_loads() else {}),
                 **({"QAE": True} if early_loads() else {}),
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
@@ -488,11 +489,12 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     arch = arch or current_arch()
     splits = tuple(int(x) for x in splits)
     eps = float(append_eps) if append_eps is not None else None
+    pre3 = combine_mma_pre(v, C, ctok) if cmma else 0
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
             combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
-            int(ctok) if cmma else 8, int(asy), combine_mma_pre(v, C, ctok) if cmma else 0, early_loads())
+            int(ctok) if cmma else 8, int(asy), pre3, early_loads())
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch, asy,
@@ -504,8 +506,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
                             pipe=bool(pipe), **({"combine_mma": True} if cmma else {}),
                             **({"cp_async_tiles": True} if asy else {}),
                             **({"combine_mma_tokens": int(ctok)} if cmma and ctok != 8 else {}),
-                            **({"combine_mma_pre": combine_mma_pre(v, C, ctok)}
-                               if cmma and combine_mma_pre(v, C, ctok) else {})))
+                            **({"combine_mma_pre": pre3} if pre3 else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 

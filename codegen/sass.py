@@ -82,20 +82,24 @@ class Report:
     path: int = 0       # the most serial round trips along one path (see the module docstring)
 
 
+def find_tool(name: str) -> Optional[str]:
+    """The path of a CUDA binary tool (nvdisasm, cuobjdump): on PATH, else from an nvidia-cuda-* wheel; None if
+    neither has it."""
+    try:
+        import nvidia
+        found = [f for d in nvidia.__path__ for f in glob.glob(f"{d}/*/bin/{name}")]
+    except ImportError:
+        found = []
+    return shutil.which(name) or (found[0] if found else None)
+
+
 def find_disassembler() -> Optional[list]:
-    """The command that prints SASS with encodings for a cubin path appended: nvdisasm -c -hex (PATH or the
-    nvidia-cuda-nvdisasm wheel), else cuobjdump -sass; None if neither is installed."""
-    def tool(name):
-        try:
-            import nvidia
-            found = [f for d in nvidia.__path__ for f in glob.glob(f"{d}/*/bin/{name}")]
-        except ImportError:
-            found = []
-        return shutil.which(name) or (found[0] if found else None)
-    nd = tool("nvdisasm")
+    """The command that prints SASS with encodings for a cubin path appended: nvdisasm -c -hex, else cuobjdump
+    -sass; None if neither is installed."""
+    nd = find_tool("nvdisasm")
     if nd:
         return [nd, "-c", "-hex"]
-    co = tool("cuobjdump")
+    co = find_tool("cuobjdump")
     return [co, "-sass"] if co else None
 
 

@@ -419,14 +419,8 @@ def test_gemv_pdl_prefetch_precedes_wait(arch, N, K, b, cfg, fusion):
 
 
 def _nvdisasm():
-    import glob
-    import shutil
-    try:
-        import nvidia
-        found = [f for d in nvidia.__path__ for f in glob.glob(f"{d}/*/bin/nvdisasm")]
-    except ImportError:
-        found = []
-    return shutil.which("nvdisasm") or (found[0] if found else None)
+    from k3fuse.codegen.sass import find_tool
+    return find_tool("nvdisasm")
 
 
 @pytest.mark.parametrize("arch", ARCHES)

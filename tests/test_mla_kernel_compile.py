@@ -855,15 +855,9 @@ def test_mla_heads_qfirst_kernel_compiles(arch, cl, monkeypatch, isolated_kernel
 
 def _combine_sass(k):
     """The combine kernel's SASS of a compiled three-launch MLA kernel (None without nvdisasm)."""
-    import glob
-    import shutil
     import subprocess
-    try:
-        import nvidia
-        found = [f for d in nvidia.__path__ for f in glob.glob(f"{d}/*/bin/nvdisasm")]
-    except ImportError:
-        found = []
-    nd = shutil.which("nvdisasm") or (found[0] if found else None)
+    from test_codegen_compile import _nvdisasm
+    nd = _nvdisasm()
     if nd is None:
         return None
     sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
