@@ -212,6 +212,15 @@ ncu_layer() {   # ncu_layer TAG KIND REGEX N EXTRA_METRICS: ncu of N launches of
         echo "ncu $tag tp$tp rc=$?" | tee -a "$S"; grep -E "^  [a-z_]+kernel|^    [a-z]|ERR" "$L/ncu_${tag}_tp$tp.txt" | tee -a "$S"
     done
 }
+smoke_or_stop() {   # smoke_or_stop PART NAME TIMEOUT PYTEST_ARGS...: pytests NAME; unless it passed, the part stops
+    # there (its logs into $OUT): a variant that hangs or mismatches would otherwise eat the call's other timeouts
+    local part=$1 name=$2; shift 2
+    pytests "$name" "$@"
+    if ! grep -q "passed" "$L/log_$name.txt" || grep -qE "^FAILED|^ERROR" "$L/log_$name.txt"; then
+        echo "$part: the smoke case $name failed; stopping" | tee -a "$S"; tail -30 "$L/log_$name.txt"
+        tar czf "$OUT/logs_$part.tgz" -C "$L" .; exit 1
+    fi
+}
 ab_run() {      # ab_run TAG TIMEOUT LAYER_AB_ARGS...: one layer_ab.py A/B, its table into the summary, its JSON into $OUT
     local tag=$1 t=$2; shift 2
     timeout "$t" python3 benchmarks/layer_ab.py --out "$L" --tag "_$tag" "$@" > "$L/ab_$tag.txt" 2>&1
@@ -891,11 +900,7 @@ elif [ "$part" = s151 ]; then     # session 37 (not run): the routed down's W2 t
     # M = 64 ran at 71% of copy in session 36's ncu; each owner CTA waits for RPC = 4 row blocks' tiles one after
     # another. Predicted: the down -10..-20%, -10..-20 us per layer at TP16 M = 64 (either kind), less at M = 32
     # (RPC = 2); a risk: 2 CTAs per SM instead of 4 (100 KB of ring each)
-    pytests ring_smoke 120 tests/test_moe_kernel_gpu.py -k "down_ring_bit_identical and tp16 and 64"
-    if ! grep -q "passed" "$L/log_ring_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_ring_smoke.txt"; then
-        echo "s151: the smoke case failed; stopping" | tee -a "$S"; tail -30 "$L/log_ring_smoke.txt"
-        tar czf "$OUT/logs_s151.tgz" -C "$L" .; exit 1
-    fi
+    smoke_or_stop s151 ring_smoke 120 tests/test_moe_kernel_gpu.py -k "down_ring_bit_identical and tp16 and 64"
     pytests ring 150 tests/test_moe_kernel_gpu.py -k "down_ring_bit_identical"
     K3FUSE_MOE_DOWN_MMA=1 K3FUSE_MOE_DOWN_RING=1 memcheck memcheck_ring 120 tests/test_moe_kernel_gpu.py \
         -k "down_mma_matches_reference and tp16 and 64"
@@ -910,11 +915,7 @@ elif [ "$part" = s152 ]; then     # session 38 (not run): the 4-token tensor-cor
     # N splits' partials; each (max, sum) pair in one pass; the other partials in chunks of 4 splits). codegen/sass.py
     # counts 15 -> 6 serial global round trips on a path (sm_90a, TP16 bucket 64; a lane at NS = 9: 10 -> 3). Bitwise.
     # Predicted: -1..-3 us per MLA layer where the combine runs (TP16 M = 32, 64; TP8 M = 16-64); more at TP8 (NS 16)
-    pytests pre_smoke 120 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise and 64-6-True and None and 5"
-    if ! grep -q "passed" "$L/log_pre_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_pre_smoke.txt"; then
-        echo "s152: the smoke case failed; stopping" | tee -a "$S"; tail -30 "$L/log_pre_smoke.txt"
-        tar czf "$OUT/logs_s152.tgz" -C "$L" .; exit 1
-    fi
+    smoke_or_stop s152 pre_smoke 120 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise and 64-6-True and None and 5"
     pytests pre 150 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise"
     K3FUSE_MLA_CMMA_PRE=5 memcheck memcheck_pre 100 tests/test_mla_kernel_gpu.py \
         -k "combine_mma_append_gate_and_graph and 6-True"
@@ -927,11 +928,7 @@ elif [ "$part" = s153 ]; then     # session 38 (not run): the wgmma split-K clus
     # one serial distributed-shared-memory round trip (inline asm with a memory clobber after the previous store;
     # codegen/sass.py: 8 at 3584 x 7168 bucket 64 KS = 4); with GL one. Bitwise the default. Predicted: -0.3..-0.8 us
     # per wgmma kernel with KS > 1 (the table's buckets 16-64), -1..-3 us per layer at M = 16-64
-    pytests gl_smoke 120 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-64 and 64"
-    if ! grep -q "passed" "$L/log_gl_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_gl_smoke.txt"; then
-        echo "s153: the smoke case failed; stopping" | tee -a "$S"; tail -30 "$L/log_gl_smoke.txt"
-        tar czf "$OUT/logs_s153.tgz" -C "$L" .; exit 1
-    fi
+    smoke_or_stop s153 gl_smoke 120 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-64 and 64"
     pytests gl 150 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise"
     memcheck memcheck_gl 80 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-128 and 17"
     ab_run wg_gather 200 --var K3FUSE_WG_GATHER=0,1 --kinds kda,mla --tp 16,8 --ms 64,32,16 --pairs 8
@@ -948,16 +945,10 @@ elif [ "$part" = s154 ]; then     # session 38 (not run): K3FUSE_MLA_EARLY=1, th
 elif [ "$part" = s155 ]; then     # session 38 (not run): s152-s154 in one call, for a short device budget. All three are bitwise
     # the defaults and only remove serial round trips (codegen/sass.py), so one summed A/B decides whether to take them
     # all; s152-s154 attribute it afterwards. Smoke cases first, each stops the part on a mismatch
-    for t in "tests/test_mla_kernel_gpu.py combine_mma_pre_bitwise and 64-6-True and None and 5" \
-             "tests/test_kernels_gpu.py wgmma_gather_bitwise and 768-7168-8-64 and 64" \
-             "tests/test_mla_kernel_gpu.py early_loads_bitwise and append_gate and three_launches and 1-4096"; do
-        f=${t%% *}; k=${t#* }
-        pytests smoke 100 "$f" -k "$k"
-        if ! grep -q "passed" "$L/log_smoke.txt" || grep -qE "^FAILED|^ERROR" "$L/log_smoke.txt"; then
-            echo "s155: smoke case '$k' failed; stopping" | tee -a "$S"; tail -30 "$L/log_smoke.txt"
-            tar czf "$OUT/logs_s155.tgz" -C "$L" .; exit 1
-        fi
-    done
+    smoke_or_stop s155 pre_smoke 100 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise and 64-6-True and None and 5"
+    smoke_or_stop s155 gl_smoke 100 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-64 and 64"
+    smoke_or_stop s155 early_smoke 100 tests/test_mla_kernel_gpu.py \
+        -k "early_loads_bitwise and append_gate and three_launches and 1-4096"
     pytests bitwise3 200 tests/test_mla_kernel_gpu.py tests/test_kernels_gpu.py \
         -k "combine_mma_pre_bitwise or wgmma_gather_bitwise or early_loads_bitwise"
     K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_EARLY=1 K3FUSE_WG_GATHER=1 memcheck memcheck3 100 tests/test_mla_kernel_gpu.py \
