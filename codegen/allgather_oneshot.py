@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from . import knobs
 from .render import render
 
 FAMILY = "allgather_oneshot"
@@ -78,7 +79,8 @@ def build(row_bytes: int, world: int, hidden: int = 7168, max_m: int = 64, gathe
           timeout_ns: int = TIMEOUT_NS, arch: Optional[str] = None, load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (int(row_bytes), int(world), int(hidden), int(max_m), int(gather_row_bytes), int(timeout_ns), arch, load)
+    memo = (int(row_bytes), int(world), int(hidden), int(max_m), int(gather_row_bytes), int(timeout_ns), arch, load,
+            knobs.key(FAMILY))
     k = _built.get(memo)
     if k is None:
         src = render_source(row_bytes, world, hidden, max_m, gather_row_bytes, timeout_ns)

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 from typing import Optional
+from . import knobs
 
 log = logging.getLogger("k3fuse.codegen")
 
@@ -27,7 +28,7 @@ FORMAT = "k3fuse-kernel-cache-v1"
 
 
 def cache_dir() -> Path:
-    d = os.environ.get("K3FUSE_CACHE_DIR")
+    d = knobs.env("K3FUSE_CACHE_DIR")
     return Path(d) if d else Path.home() / ".cache" / "k3fuse" / "kernels"
 
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 from typing import Optional
 
 from .buckets import bucket_for
 from .render import render
+from . import knobs
 
 FAMILY = "fused_residual_norm"
 TEMPLATE = "fused_residual_norm_mixnorm.py.jinja"
@@ -30,7 +30,7 @@ def mixnorm_cluster() -> int:
     bounded the one-CTA kernel, C = 1). Measured on the H200 (session 9, benchmarks/mixnorm_bench.py, M = 1):
     3.96 -> 3.02 us at 3 blocks, 8.76 -> 3.74 us at 8; the layer 0.4-3 us faster than C = 1. Read when a kernel is
     rendered (and part of build_mix_norm's memo key)."""
-    c = int(os.environ.get("K3FUSE_MIXNORM_CLUSTER", "8") or 8)
+    c = int(knobs.env("K3FUSE_MIXNORM_CLUSTER") or 8)
     if not 1 <= c <= 8:
         raise ValueError(f"K3FUSE_MIXNORM_CLUSTER={c}: a cluster of 1..8 CTAs")
     return c
@@ -42,7 +42,7 @@ def mixnorm_push() -> bool:
     ld.shared::cluster between three cluster barriers (each arrive a MEMBAR.ALL.GPU in the SASS). The sums keep
     their rank order: bitwise the same. H200 paired A/Bs (PERF_NOTES "Session 27"): TP16 M = 2 KDA -0.71 us, MLA
     -1.42, M = 8 KDA -0.78. Read when a kernel is rendered, like mixnorm_cluster() (also in the memo key)."""
-    return os.environ.get("K3FUSE_MIXNORM_PUSH", "1") != "0"
+    return knobs.env("K3FUSE_MIXNORM_PUSH") != "0"
 
 
 def cluster_for(H: int, has_norm: bool, cl: int) -> int:
@@ -102,7 +102,7 @@ def build_mix_norm(H, nb, has_addend=False, has_prefix=True, has_norm=True, fp32
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = (H, nb, bool(has_addend), bool(has_prefix), bool(has_norm), bool(fp32_norm), float(mix_eps),
-            float(norm_eps), arch, load, bool(wm_pair), mixnorm_cluster(), mixnorm_push())
+            float(norm_eps), arch, load, bool(wm_pair), mixnorm_cluster(), mixnorm_push(), knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
     src = render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps, wm_pair)
@@ -177,7 +177,7 @@ ONE_TIMEOUT_MS = 100     # a barrier this late (CTAs not co-resident) is an erro
 
 def one_spin_ns() -> int:
     """K3FUSE_FRN_SPIN_NS (default 64): the barrier's sleep between polls. Read when a kernel is rendered."""
-    return int(os.environ.get("K3FUSE_FRN_SPIN_NS", "64"))
+    return int(knobs.env("K3FUSE_FRN_SPIN_NS"))
 
 
 def one_lean_tail() -> bool:
@@ -185,7 +185,7 @@ def one_lean_tail() -> bool:
     (thread 0's acquire poll + the CTA barrier order the totals' loads, as in cooperative groups' grid sync) and with
     the new prefix stored after the arrival. H200, TP16 M = 1: both one-launch kernels 0.3-0.4 us shorter
     (RESULTS.md "Session 12"); 0 restores session 11's tail. Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_FRN_LEAN_TAIL", "1") != "0"
+    return knobs.env("K3FUSE_FRN_LEAN_TAIL") != "0"
 
 
 # 1 since session 22 (H200, layer_ab, M = 1: KDA / MLA -1.3 / -1.7 us per layer at TP16, -3.4 / -3.3 at TP8, 10 / 10
@@ -199,12 +199,12 @@ def one_preload() -> int:
     load first, x staged in shared memory behind a CTA barrier (which holds the FMAs back); 2: every weight load
     first, x loaded after a warp sync. 1 and 2 clamp indices instead of branching at M = 2..4. Read when a kernel is
     rendered."""
-    return int(os.environ.get("K3FUSE_FRN_PRELOAD", PRELOAD_DEFAULT) or 0)
+    return int(knobs.env("K3FUSE_FRN_PRELOAD") or PRELOAD_DEFAULT)
 
 
 def one_kernel_enabled() -> bool:
     """K3FUSE_FRN_ONE_KERNEL (default 1): 0 keeps the GEMV + mix-norm kernel pair at M = 1 too."""
-    return os.environ.get("K3FUSE_FRN_ONE_KERNEL", "1") != "0"
+    return knobs.env("K3FUSE_FRN_ONE_KERNEL") != "0"
 
 
 ONE_MAX_M_DEFAULT = 1   # the one launch at M = 2..4 measured slower in the layer (sessions 21, 23; RESULTS.md): opt-in
@@ -213,7 +213,7 @@ ONE_MAX_M_DEFAULT = 1   # the one launch at M = 2..4 measured slower in the laye
 def one_max_m() -> int:
     """K3FUSE_FRN_ONE_MAX_M (1, 2 or 4; default ONE_MAX_M_DEFAULT): the largest batch that takes the one-launch
     kernel (its bucket's rows share one pass over the weights and one grid barrier). Read at each launch."""
-    v = int(os.environ.get("K3FUSE_FRN_ONE_MAX_M", "") or ONE_MAX_M_DEFAULT)
+    v = int(knobs.env("K3FUSE_FRN_ONE_MAX_M") or ONE_MAX_M_DEFAULT)
     if v not in (1, 2, 4):
         raise ValueError(f"K3FUSE_FRN_ONE_MAX_M={v}: 1, 2 or 4 (<= ONE_MAX_BM = {ONE_MAX_BM})")
     return v
@@ -256,7 +256,7 @@ def stamps_on() -> bool:
     """K3FUSE_FRN_STAMPS=1 (diagnostic): the one-launch kernel takes an extra int32 [G, 32] buffer into which thread 0
     of each CTA writes its phase timestamps (%globaltimer_lo, %clock); the launcher keeps the last launches' buffers
     in STAMP_BUFS for benchmarks/frn_timeline.py. Read when a kernel is rendered and launched."""
-    return os.environ.get("K3FUSE_FRN_STAMPS", "0") == "1"
+    return knobs.env("K3FUSE_FRN_STAMPS") == "1"
 
 
 STAMP_BUFS = collections.deque(maxlen=64)   # the stamp buffers of the last launches with stamps, oldest first
@@ -267,7 +267,7 @@ def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = ("one", H, K, nb, bool(has_addend), bool(has_prefix), bool(fp32_norm), float(mix_eps), float(norm_eps),
-            bool(wm_pair), arch, load, one_spin_ns(), one_lean_tail(), one_preload(), stamps_on(), bm)   # bm last: tests
+            bool(wm_pair), arch, load, knobs.key(FAMILY), one_spin_ns(), one_lean_tail(), one_preload(), stamps_on(), bm)   # bm last: tests
     if memo in _built:
         return _built[memo]
     src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair,

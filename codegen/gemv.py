@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from typing import Optional
 
 from . import tuning
 from .buckets import bucket_for
 from .render import render
+from . import knobs
 
 log = logging.getLogger("k3fuse.codegen")
 
@@ -119,7 +119,7 @@ def sk_default(N: int, K: int, bucket: int) -> Optional[dict]:
 def sk_forced(N: int, K: int, bucket: int) -> Optional[dict]:
     """K3FUSE_GEMV_SPLITK=1: the split-K variant at every bucket >= SK_MIN_BUCKET where it applies (an A/B knob; on
     the H200, session 19, correct but slower than cuBLAS on 13 of 14 K3 shape x bucket cases); otherwise None."""
-    if os.environ.get("K3FUSE_GEMV_SPLITK", "0") != "1" or bucket < SK_MIN_BUCKET:
+    if knobs.env("K3FUSE_GEMV_SPLITK") != "1" or bucket < SK_MIN_BUCKET:
         return None
     return sk_default(N, K, bucket)
 
@@ -213,7 +213,7 @@ def wg_forced(N: int, K: int, bucket: int, arch: Optional[str] = None) -> Option
     """K3FUSE_GEMV_WGMMA=1: the wgmma variant at buckets 16-64 where it applies, for sm_90a (`arch`, else the current
     device's; an A/B knob: forced on every shape it was slower in the layer, session 36, so the H200 table names it
     only where it won); otherwise None."""
-    if os.environ.get("K3FUSE_GEMV_WGMMA", "0") != "1" or bucket not in WG_BUCKETS:
+    if knobs.env("K3FUSE_GEMV_WGMMA") != "1" or bucket not in WG_BUCKETS:
         return None
     return None if wg_arch_supports(arch or _device_arch()) else wg_default(N, K, bucket)
 
@@ -316,7 +316,7 @@ def wg_gather() -> bool:
     default each accumulator entry's KS loads (inline asm with a memory clobber) issue after the previous entry's
     store, so a thread's NACC / KS entries are as many serial distributed-shared-memory round trips
     (codegen/sass.py on the sm_90a SASS). The same sums in the same order: bitwise the default. Read at each route."""
-    return os.environ.get("K3FUSE_WG_GATHER", "0") == "1"
+    return knobs.env("K3FUSE_WG_GATHER") == "1"
 
 
 def _with_gather(cfg: Optional[dict]) -> Optional[dict]:
@@ -465,7 +465,8 @@ def build(N: int, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optiona
     hashing (the compile/disk-cache layer below is keyed by the rendered source)."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load)
+    memo = (N, K, bucket, repr(sorted((cfg or {}).items())), repr(sorted((fusion or {}).items())), arch, load,
+            knobs.key(FAMILY))
     k = _built.get(memo)
     if k is not None:
         return k
@@ -723,7 +724,7 @@ def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optio
     topk = (int(topk[0]), int(topk[1]), bool(topk[2]), float(topk[3])) if topk else None
     from .router_topk import rank_select
     memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, situ, f32, topk,
-            bool(topk) and rank_select())
+            bool(topk) and rank_select(), knobs.key(FAMILY))
     k = _built.get(memo)
     if k is not None:
         return k

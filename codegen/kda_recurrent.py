@@ -14,10 +14,10 @@ Measured not to help (so not here): a cluster of CTAs per (token, head) splittin
 from __future__ import annotations
 
 import collections
-import os
 from typing import Optional
 
 from .render import render
+from . import knobs
 
 FAMILY = "kda_recurrent"
 TEMPLATE = "kda_recurrent.py.jinja"
@@ -70,7 +70,7 @@ def stamps_on() -> bool:
     """K3FUSE_KDA_STAMPS=1 (diagnostic): the fused kernel takes an extra int32 [R, 32] buffer into which thread 0 of
     each CTA writes its phase timestamps (%globaltimer_lo, %clock); kda_decode keeps the last launches' buffers in
     STAMP_BUFS for benchmarks/frn_timeline.py. Read when a kernel is rendered and launched."""
-    return os.environ.get("K3FUSE_KDA_STAMPS", "0") == "1"
+    return knobs.env("K3FUSE_KDA_STAMPS") == "1"
 
 
 STAMP_BUFS = collections.deque(maxlen=64)   # the stamp buffers of the last launches with stamps, oldest first
@@ -82,14 +82,14 @@ def fa_smem() -> bool:
     ptxas issue the S-row loads with the conv / f_b loads, before the first barrier (expected: one DRAM round trip
     where the default has two; not timed). Opt-in: compiled in CI, not yet run on a GPU
     (benchmarks/validate_pending.sh). Read at render time, like K3FUSE_PDL_CHAIN."""
-    return os.environ.get("K3FUSE_KDA_FA_SMEM", "0") == "1"
+    return knobs.env("K3FUSE_KDA_FA_SMEM") == "1"
 
 
 def decode_lpr() -> int:
     """K3FUSE_KDA_LPR (default DEFAULT_LPR = 2): lanes per S row of the fused decode kernel, 1, 2 or 4 (128 / 256 /
     512 threads per (token, head) at d = 128). Read at every launch (launch_ok_decode and kda_decode: one
     environment lookup); each value's kernel is built once."""
-    v = os.environ.get("K3FUSE_KDA_LPR", "")
+    v = knobs.env("K3FUSE_KDA_LPR")
     return int(v) if v else DEFAULT_LPR
 
 
@@ -129,7 +129,7 @@ def build(d: int = 128, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound: flo
     arch = arch or current_arch()
     fkey = tuple(sorted((k, str(v)) for k, v in fused.items())) if fused else None
     memo = (d, _dtname(a_dtype), _dtname(b_dtype), float(lower_bound), lpr, arch, load, fkey,
-            bool(fused) and stamps_on(), bool(fused) and fa_smem())     # every choice read at render
+            bool(fused) and stamps_on(), bool(fused) and fa_smem(), knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
     src = render_source(d, a_dtype, b_dtype, lower_bound, lpr, fused=fused)

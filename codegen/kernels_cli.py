@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Optional
+
+from . import knobs
 
 PLAN_CONTEXT = 1024     # the MLA split kernels' plan: the tile pipeline depends on the split grid (mla_attention)
 PLAN_SMS = 132
@@ -454,7 +455,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     with tuning.recording() as consulted:           # which tuning-table entries the plan took, for the manifest
         jobs, skipped = plan(a.config, a.tp, batches, a.arch)
     entries = [dict(key=k, bucket=b, source=src) for (k, b), src in sorted(consulted.items())]
-    tuning_info = dict(gpu_table=_gpu_for(a.arch), overlay=os.environ.get(tuning.OVERLAY_VAR) or None,
+    tuning_info = dict(gpu_table=_gpu_for(a.arch), overlay=knobs.env(tuning.OVERLAY_VAR) or None,
                        entries=entries)
     if a.only:
         fams = set(a.only.split(","))
@@ -491,6 +492,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     from .render import pdl_chain
     manifest = dict(config=a.config, tp=a.tp, batch=batches, arch=a.arch, dsl_version=dsl_version(),
                     pdl_chain=pdl_chain(), mixnorm_cluster=mixnorm_cluster(), mixnorm_push=mixnorm_push(),
+                    # the K3FUSE_* variables set for this build (codegen/knobs.py), so that a folder says what it holds
+                    knobs={r["name"]: r["value"] for r in knobs.describe() if r["value"] is not None},
                     tuning=tuning_info, kernels=kernels, skipped=skipped, failed=failed,
                     seconds=round(time.perf_counter() - t0, 2))
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Optional
 
+from . import knobs
 from .render import render
 
 FAMILY = "mixnorm_allreduce"
@@ -72,7 +73,8 @@ def build(H, nb, world, has_addend=False, has_prefix=True, has_norm=True, fp32_n
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = (H, nb, world, bool(has_addend), bool(has_prefix), bool(has_norm), bool(fp32_norm), float(mix_eps),
-            float(norm_eps), max_m, int(timeout_ns), arch, load, bool(has_paddend))
+            float(norm_eps), max_m, int(timeout_ns), arch, load, bool(has_paddend),
+            knobs.key(FAMILY))
     k = _built.get(memo)
     if k is None:
         src = render_source(H, nb, world, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps, max_m,

@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import collections
 import functools
-import os
 from typing import Optional
 
 from .buckets import bucket_for
 from .render import render
+from . import knobs
 
 FAMILY = "mla_attention"
 TEMPLATE = "mla_attention.py.jinja"
@@ -90,7 +90,7 @@ def splits_for(M: int, h: Optional[int] = None) -> tuple:
         return DEFAULT_SPLITS
     qs, vs = SPLITS_BY_HEADS.get(h, {}).get(b) or SPLITS_BY_BUCKET.get(b, DEFAULT_SPLITS)
     # K3FUSE_MLA_VS=N (a measurement knob): the combine's row splits; each re-reads the (m, head)'s NS partials
-    return qs, int(os.environ.get("K3FUSE_MLA_VS", "0") or 0) or vs
+    return qs, int(knobs.env("K3FUSE_MLA_VS") or 0) or vs
 
 
 LOADS_IN_FLIGHT = 9     # 16-byte cache loads per thread per round (9 = a 32-token tile of 576-wide rows in one)
@@ -105,9 +105,8 @@ def score_hpt(hp: int, tt: int = DEFAULT_TT) -> int:
     """Heads per thread in the split kernel's score step: K3FUSE_MLA_SCORE_HPT if set (a measurement knob), else
     the fewest that cover HP heads with THREADS / TT token groups; never fewer than that. Read when a kernel is
     rendered (the memo keys on it)."""
-    import os
     least = -(-hp // (THREADS // tt))
-    return max(least, int(os.environ.get("K3FUSE_MLA_SCORE_HPT", "0")) or least)
+    return max(least, int(knobs.env("K3FUSE_MLA_SCORE_HPT")) or least)
 
 
 def pipe_for(M: int, h: int, mma: bool = True) -> bool:
@@ -120,8 +119,7 @@ def pipe_for(M: int, h: int, mma: bool = True) -> bool:
     M = 8 -2.0; TP8 M = 1 +2.5 (hence the exception), M = 8 -5.9. With the MMA score step (session 16, layer_ab
     PIPE 0 -> 1 at M = 1): TP8 -0.50 us [-0.90, -0.30], 17 / 20 pairs faster; TP16 -0.50 [-0.81, 0.17], 12 / 20. Read
     at each launch (the memo keys on the choice)."""
-    import os
-    v = os.environ.get("K3FUSE_MLA_PIPE", "")
+    v = knobs.env("K3FUSE_MLA_PIPE")
     if v:
         return v != "0"
     return mma or not (M == 1 and h > 8)
@@ -151,7 +149,7 @@ def async_mode(M: int, h: int) -> int:
     """K3FUSE_MLA_ASYNC: 0 off; 1 the cp.async ring, two CTAs per SM (<= 128 registers) where HP <= 8 and one
     elsewhere; 2 also two at HP = 9-12, where the shared memory fits them but ptxas spills a few words at the
     register cap (h = 12: 8 on sm_90a; session 36, CPU); unset: 1 where ASYNC_BY_HEADS lists (h, M's bucket), else 0."""
-    v = os.environ.get("K3FUSE_MLA_ASYNC", "").strip()
+    v = knobs.env("K3FUSE_MLA_ASYNC").strip()
     if not v:
         return int(bucket_for(M) in ASYNC_BY_HEADS.get(h, ()))
     if v not in ("0", "1", "2"):
@@ -171,9 +169,8 @@ def mma_scores(hp: int, r: int, C: int, tt: int = DEFAULT_TT) -> bool:
     HP <= 16 heads fill one MMA tile, C + r is a multiple of 32 and the tile a whole number of 8-token n-tiles over
     the 8 warps; elsewhere the CUDA-core score step. On by default (session 16: faster at every TP16 / TP8, M = 1 / 8
     cell measured); K3FUSE_MLA_MMA=0 turns it off. Read when a kernel is rendered (the memo keys on it)."""
-    import os
     nwarps = THREADS // 32
-    return (os.environ.get("K3FUSE_MLA_MMA", "1") != "0" and hp <= 16 and (C + r) % 32 == 0 and tt % 8 == 0
+    return (knobs.env("K3FUSE_MLA_MMA") != "0" and hp <= 16 and (C + r) % 32 == 0 and tt % 8 == 0
             and nwarps % (tt // 8) == 0)
 
 
@@ -255,7 +252,7 @@ def combine_preload(C: int, one: bool) -> int:
     thread's C / NT3 columns) at its start, before the log-sum-exp pass, whose result they do not depend on; the
     rest as before. At M = 1 (NS = 32 splits of a 1024-token context) the merge otherwise pays the max / sum round
     trip and then one L2 round trip per 8 splits (the dynamic loop's unroll). Capped at MAX_CPRE_REGS registers."""
-    n = int(os.environ.get("K3FUSE_MLA_CPRE", CPRE_DEFAULT) or 0)
+    n = int(knobs.env("K3FUSE_MLA_CPRE") or CPRE_DEFAULT)
     cpt = C // (256 if one else 128)
     return max(0, min(n, MAX_CPRE_REGS // cpt))
 
@@ -269,7 +266,7 @@ def combine_batch(v: int, splits, one: bool) -> int:
     first batch before the merge and batch b + 1 before batch b's dot products, instead of one row per L2 round
     trip (the SASS of 4x1: 32 dependent LDG -> SHFL x5 -> STG steps per warp). 0 where it does not apply (HOIST3
     configs, or RB not dividing the warp's rows). Read when a kernel is rendered."""
-    rb = int(os.environ.get("K3FUSE_MLA_CBATCH", CBATCH_DEFAULT) or 0)
+    rb = int(knobs.env("K3FUSE_MLA_CBATCH") or CBATCH_DEFAULT)
     vs = int(splits[1])
     rpw = v // vs // ((256 if one else 128) // 32)
     if rb <= 0 or v // vs <= 32 or rpw % rb or rb >= rpw:
@@ -301,7 +298,7 @@ def pv_mma(hp: int, r: int, C: int, tt: int = DEFAULT_TT) -> bool:
     TP16, so one default. The partial's sums change order (MMA accumulation): not bitwise, within 1e-4 of the CUDA-core
     step (tests/test_mla_kernel_gpu.py). Read when a kernel is rendered."""
     nwarps = THREADS // 32
-    return (os.environ.get("K3FUSE_MLA_PVMMA", "1") != "0" and mma_scores(hp, r, C, tt) and C % (16 * nwarps) == 0
+    return (knobs.env("K3FUSE_MLA_PVMMA") != "0" and mma_scores(hp, r, C, tt) and C % (16 * nwarps) == 0
             and tt % 16 == 0)
 
 
@@ -345,7 +342,7 @@ def combine_mma_tokens(M: int, h: int) -> int:
     token's halves of the columns, W_UV crosses L2 twice as often) or 8 (the MMA's n-tile). K3FUSE_MLA_CMMA_TOK=8 / 4
     forces it; unset: 4 where CMMA_TOK_BY_HEADS lists (h, M's bucket). Read at each launch; passed to build (the memo
     and the source's MT3 follow it, and the launcher's grid follows MT3)."""
-    v = os.environ.get("K3FUSE_MLA_CMMA_TOK", "").strip()
+    v = knobs.env("K3FUSE_MLA_CMMA_TOK").strip()
     if not v:
         return 4 if bucket_for(M) in CMMA_TOK_BY_HEADS.get(h, ()) else 8
     tok = int(v) if v.isdigit() else 0
@@ -363,7 +360,7 @@ def combine_mma_choice(M: int, h: int) -> bool:
     fp32 combine does not round it): not bitwise the CUDA-core combine, within the tests' 1e-2.
     K3FUSE_MLA_CMMA=1: from bucket CMMA_MIN_BUCKET; 0: nowhere; unset: where CMMA_BY_HEADS lists (h, M's bucket)."""
     b = bucket_for(M)
-    v = os.environ.get("K3FUSE_MLA_CMMA", "")
+    v = knobs.env("K3FUSE_MLA_CMMA")
     if v:
         return v != "0" and b is not None and b >= CMMA_MIN_BUCKET
     return b in CMMA_BY_HEADS.get(h, ())
@@ -385,7 +382,7 @@ def early_loads() -> bool:
       instead of the sums again after the block max. Path 8 -> 5 at TP8 bucket 1. It runs where the tensor-core
       combine does not: TP8 M = 1-8, TP16 M = 4-16.
     The same values and arithmetic: bitwise the default. Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_MLA_EARLY", "0") == "1"
+    return knobs.env("K3FUSE_MLA_EARLY") == "1"
 
 
 CMMA_PRE_MAX_REGS = 40    # K3FUSE_MLA_CMMA_PRE's preloaded partials per lane (fp32 registers): 5 splits at CPW3 = 8
@@ -400,7 +397,7 @@ def combine_mma_pre(v: int, C: int, ctok: int) -> int:
     default (tests/test_mla_kernel_gpu.py). Serial global round trips (codegen/sass.py, sm_90a, TP16 bucket 64): the
     most on a control-flow path 15 -> 6 with N = 5; a lane at NS = 9 splits waits 10 -> 3 times (by hand). Not run on a
     GPU yet. Read when a kernel is rendered."""
-    n = int(os.environ.get("K3FUSE_MLA_CMMA_PRE", "0") or 0)
+    n = int(knobs.env("K3FUSE_MLA_CMMA_PRE") or 0)
     if n <= 0 or ctok == 8 or combine_mma_reason(v, C, ctok) is not None:
         return 0
     cpw = C // (32 * ((v // 16) // ctok))
@@ -494,7 +491,7 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
             _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
             bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
             combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
-            int(ctok) if cmma else 8, int(asy), pre3, early_loads())
+            int(ctok) if cmma else 8, int(asy), pre3, early_loads(), knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch, asy,
@@ -532,7 +529,7 @@ def ctas_per_sm(M: int = 1, h: Optional[int] = None) -> int:
     CTAS_PER_SM_BY_BUCKET for the bucket, else 2): the split kernel's CTAs per SM that n_splits aims at. Read at every
     launch (NS is a runtime value: no recompile). K3FUSE_MLA_MIN_TILES (default MIN_TILES_PER_SPLIT) likewise sets
     the fewest tiles per split at M > 1."""
-    v = os.environ.get("K3FUSE_MLA_CTAS_PER_SM", "")
+    v = knobs.env("K3FUSE_MLA_CTAS_PER_SM")
     if v:
         return max(1, int(v))
     b = bucket_for(M)
@@ -546,7 +543,7 @@ def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT, h: Optional[i
     --kv-splits, RESULTS.md session 4)."""
     ntiles = -(-T // tt)
     want = -(-ctas_per_sm(M, h) * sms // max(M, 1))
-    min_tiles = 1 if M == 1 else int(os.environ.get("K3FUSE_MLA_MIN_TILES", MIN_TILES_PER_SPLIT))
+    min_tiles = 1 if M == 1 else int(knobs.env("K3FUSE_MLA_MIN_TILES") or MIN_TILES_PER_SPLIT)
     return max(1, min(want, -(-ntiles // min_tiles)))
 
 
@@ -572,8 +569,7 @@ ONE_SPIN_NS = 64        # sleep between polls of the arrival counter (as the one
 def one_choice() -> Optional[bool]:
     """K3FUSE_MLA_ONE_KERNEL: 1 takes the one-launch variant wherever one_reason() allows it, 0 never; unset (or
     'auto') the measured rule, ONE_BY_HEADS. Read at each launch."""
-    import os
-    v = os.environ.get("K3FUSE_MLA_ONE_KERNEL", "").strip().lower()
+    v = knobs.env("K3FUSE_MLA_ONE_KERNEL").strip().lower()
     if v in ("", "auto"):
         return None
     if v not in ("0", "1"):
@@ -584,8 +580,7 @@ def one_choice() -> Optional[bool]:
 def one_prefetch() -> bool:
     """K3FUSE_MLA_ONE_PREFETCH (default 1): the one-launch kernel's L2 prefetch of each CTA's cache rows and W_UV rows
     at its start. Read when a kernel is rendered (the memo keys on it)."""
-    import os
-    return os.environ.get("K3FUSE_MLA_ONE_PREFETCH", "1") != "0"
+    return knobs.env("K3FUSE_MLA_ONE_PREFETCH") != "0"
 
 
 def one_grid(M: int, h: int, ns: int, splits) -> int:
@@ -810,7 +805,7 @@ def heads_supports(h: int, n: int, v: int, r: int, C: int) -> Optional[str]:
 def heads_cl(M: Optional[int] = None, h: Optional[int] = None) -> int:
     """The largest cluster of the per-head kernel: K3FUSE_MLA_HEADS_CL, else HEADS_CL_BY_HEADS at (h, M's bucket),
     else HEADS_CL."""
-    v = os.environ.get("K3FUSE_MLA_HEADS_CL", "")
+    v = knobs.env("K3FUSE_MLA_HEADS_CL")
     if not v and M is not None and h is not None:
         v = HEADS_CL_BY_HEADS.get(h, {}).get(bucket_for(M), "")
     return max(1, min(HEADS_CL_MAX, int(v or HEADS_CL)))
@@ -838,7 +833,7 @@ def heads_splits(M: int, h: int, T: int, sms: int = 132) -> int:
 def heads_choice(M: int, h: int) -> bool:
     """K3FUSE_MLA_HEADS=1 / 0: the per-head kernel wherever it applies / nowhere; unset: where HEADS_BY_HEADS lists
     (h, M's bucket)."""
-    v = os.environ.get("K3FUSE_MLA_HEADS", "")
+    v = knobs.env("K3FUSE_MLA_HEADS")
     if v:
         return v != "0"
     return bucket_for(M) in HEADS_BY_HEADS.get(h, ())
@@ -893,7 +888,7 @@ def stamps_on() -> bool:
     """K3FUSE_MLA_STAMPS=1 (diagnostic): the per-head kernel with clusters writes each CTA's phase timestamps into its
     partials buffer (unused with clusters), and the launcher keeps every such buffer in STAMP_BUFS for
     benchmarks/mla_timeline.py. Read when a kernel is rendered and launched."""
-    return os.environ.get("K3FUSE_MLA_STAMPS", "0") == "1"
+    return knobs.env("K3FUSE_MLA_STAMPS") == "1"
 
 
 def push_on() -> bool:
@@ -901,7 +896,7 @@ def push_on() -> bool:
     partials by st.async pushes into each owner's shared memory, completing on its mbarriers; 0: distributed shared
     memory loads between four cluster barriers (each a MEMBAR.ALL.GPU in the SASS; H200, TP16 M = 1: -2.3 us per MLA
     layer, 16 / 16 pairs, PERF_NOTES "Session 27"). Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_MLA_PUSH", "1") != "0"
+    return knobs.env("K3FUSE_MLA_PUSH") != "0"
 
 
 def heads_mma_on() -> bool:
@@ -910,7 +905,7 @@ def heads_mma_on() -> bool:
     PV), where heads_mma_supports allows; 0: on CUDA cores in fp32. H200, 2026-12-03 (RESULTS.md "Session 28", 16
     ABBA pairs): TP16 M = 1 -1.64 us [-2.36, -0.91] per MLA layer, 16 / 16 faster; TP16 M = 2 -1.64 [-3.48, -0.66],
     13 / 16. Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_MLA_HEADS_MMA", "1") != "0"
+    return knobs.env("K3FUSE_MLA_HEADS_MMA") != "0"
 
 
 def qfirst_on() -> bool:
@@ -919,7 +914,7 @@ def qfirst_on() -> bool:
     clocks) instead of after them: cq lands ~950 clocks sooner (H200 stamps, TP16 M = 1), the layer -1.06 us [-2.21,
     -0.47], 13 / 16 pairs at TP16 M = 1, -0.30 [-0.98, +0.36] at M = 2 (RESULTS.md "Session 29"). 0: after them.
     Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_MLA_QFIRST", "1") != "0"
+    return knobs.env("K3FUSE_MLA_QFIRST") != "0"
 
 
 def heads_mma_supports(r: int, C: int) -> Optional[str]:
@@ -949,7 +944,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst_on())
+            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst_on(), knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)
@@ -1099,7 +1094,7 @@ def qb_plan_reason(M: int, h: int, n: int, v: int, r: int, C: int, ql: int, T: i
     """None if the per-head kernel computes q itself at these shapes (the one rule for the launcher, the lowering's
     predicate and `k3fuse kernels`): that kernel is chosen (heads_choice()) and applies, with a cluster that splits
     W_qb's rows (qb_supports()), and K3FUSE_MLA_QB is not 0 (the A/B knob: 0 launches the q_b GEMV apart)."""
-    if os.environ.get("K3FUSE_MLA_QB", "1") == "0":
+    if knobs.env("K3FUSE_MLA_QB") == "0":
         return "K3FUSE_MLA_QB=0"
     if not heads_choice(M, h):
         return f"the per-head kernel is not chosen at M = {M}, {h} heads (K3FUSE_MLA_HEADS / HEADS_BY_HEADS)"

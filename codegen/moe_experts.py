@@ -24,12 +24,12 @@ the arch (codegen/cache.py), memoised in-process by the same values.
 from __future__ import annotations
 
 import logging
-import os
 from typing import Optional
 
 from . import tuning
 from .buckets import MAX_M, bucket_for
 from .render import render
+from . import knobs
 
 log = logging.getLogger("k3fuse.codegen")
 
@@ -91,7 +91,7 @@ def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] 
         cfg.update(over)
         why = supports(E, I, D, KT, bucket, cfg)
         if why is not None:
-            raise ValueError(f"K3FUSE_MOE_CONFIG={os.environ['K3FUSE_MOE_CONFIG']!r} at {E}x{I}x{D}x{KT} bucket "
+            raise ValueError(f"K3FUSE_MOE_CONFIG={knobs.env('K3FUSE_MOE_CONFIG')!r} at {E}x{I}x{D}x{KT} bucket "
                              f"{bucket}: {why}")
     return cfg
 
@@ -99,7 +99,7 @@ def config_for(E: int, I: int, D: int, KT: int, bucket: int, gpu: Optional[str] 
 def config_override() -> dict:
     """Knob values from K3FUSE_MOE_CONFIG ("KS=2:SB=2"; "" or "table": none) laid over the table's config at every
     shape and bucket: how benchmarks/layer_ab.py and benchmarks/moe_layer_tune.py A/B a config in the layer."""
-    v = os.environ.get("K3FUSE_MOE_CONFIG", "")
+    v = knobs.env("K3FUSE_MOE_CONFIG")
     if v in ("", "table"):
         return {}
     out = {}
@@ -145,7 +145,7 @@ LAYER_KEY = "layer"
 
 def _variant_on(var: str, tabled: Optional[int], bucket: int, min_bucket: int) -> bool:
     """A kernel variant's switch: the variable var = 0 / 1 if set, else the GPU table's entry, else from min_bucket."""
-    env = os.environ.get(var, "")
+    env = knobs.env(var)
     if env in ("0", "1"):
         return env == "1"
     return bool(tabled) if tabled is not None else bucket >= min_bucket
@@ -198,7 +198,7 @@ def up_ballot() -> bool:
     long-scoreboard 14.5). Only where the CTA's threads cover the bucket. Measured on the H200 (2026-12-04, session 33,
     KDA + MoE layer, layer_ab, 8 pairs, us per layer): TP16 M = 64 -8.3 (8 / 8), TP8 -4.6 (7 / 8); M = 32 -6.3 (8 / 8),
     -7.6 (7 / 8). Read at render time."""
-    return os.environ.get("K3FUSE_MOE_UP_BALLOT", "1") == "1"
+    return knobs.env("K3FUSE_MOE_UP_BALLOT") == "1"
 
 
 DOWN_MMA_MIN_BUCKET = 32   # heuristic where the GPU's table says nothing: the tensor-core down kernel from this bucket
@@ -265,7 +265,7 @@ def down_ring() -> bool:
     (373.9 MB in 125.7 us), the up at 90%. Only where the ring fits two CTAs per SM (down_ring_bytes: I <= 200, i.e.
     TP16), which halves the resident CTAs against the 4 its 64 registers allow. Bitwise the register-loaded tiles
     (the same MMAs in the same order). Read at render time (build's memo keys on it)."""
-    return os.environ.get("K3FUSE_MOE_DOWN_RING", "0") == "1"
+    return knobs.env("K3FUSE_MOE_DOWN_RING") == "1"
 
 
 def member_lists() -> bool:
@@ -283,7 +283,7 @@ def member_lists() -> bool:
     M = 64 -1.2 (7 / 8), M = 32 +4.3 (0 / 8): DOWN_CTAS kept. Tried and removed (session 35): a CTA per pass of 16
     members instead of one owner per chosen expert looping over its passes (K3FUSE_MOE_PASS_OWNERS, session 34):
     TP16 / TP8 M = 64 +13.6 / +23.6 us. Read at render time."""
-    return os.environ.get("K3FUSE_MOE_MEMBER_LISTS", "1") == "1"
+    return knobs.env("K3FUSE_MOE_MEMBER_LISTS") == "1"
 
 
 def down_we() -> bool:
@@ -296,11 +296,11 @@ def down_we() -> bool:
     Measured on the H200 (2026-12-04, session 33, KDA + MoE layer, layer_ab, 8 pairs, us per layer): TP8 M = 64
     -34.5 (8 / 8; its grid of 7168 CTAs, DCTAS 8192, paid the serial scan most), TP16 M = 64 -1.6 (6 / 8), M = 32
     -0.1 / -0.9; with it on, TP16 M = 64's grid cap 3072 -> 4096 -21.4 (8 / 8). Read at render time."""
-    return os.environ.get("K3FUSE_MOE_DOWN_WE", "1") == "1"
+    return knobs.env("K3FUSE_MOE_DOWN_WE") == "1"
 
 
 def _env_int(name: str, default: int) -> int:
-    v = os.environ.get(name, "")
+    v = knobs.env(name)
     if v == "":
         return default
     try:
@@ -356,7 +356,7 @@ def down_ax(I: int, KT: int, cfg: dict, bucket: int) -> bool:
     loads: 3 of 24 loads ahead of the first FMA at TP16 M = 1). K3FUSE_MOE_DOWN_AX=1 / 0 forces it on / off; unset,
     where AX_MEASURED lists (I, bucket). Only where those vectors fit MAX_AX_VECTORS per lane and the CTA's register
     share (bucket 1's KS = 4 configs: 12 at TP16, 24 at TP8); elsewhere the SB batches."""
-    v = os.environ.get("K3FUSE_MOE_DOWN_AX", "")
+    v = knobs.env("K3FUSE_MOE_DOWN_AX")
     if v == "0" or (v != "1" and (I, bucket) not in AX_MEASURED):
         return False
     nvec = (KT // cfg.get("KS", 1)) * cfg["RT"] * ((I // 8) // cfg["LPR"])
@@ -373,7 +373,7 @@ def down_axb(ksl: int) -> int:
     SM instead of two), and the layer measured the two alike (session 22). With N = 1 the chain is ksl + 1 = 5 at
     fewer registers. The same sums in the same order as AX. 0 (unset), N >= ksl or N not dividing ksl: plain AX.
     Read when a kernel is rendered."""
-    n = int(os.environ.get("K3FUSE_MOE_DOWN_AXB", "0") or 0)
+    n = int(knobs.env("K3FUSE_MOE_DOWN_AXB") or 0)
     return n if 0 < n < ksl and ksl % n == 0 else 0
 
 
@@ -418,10 +418,7 @@ def build(E: int, I: int, D: int, KT: int, bucket: int, beta: float = 4.0, lbeta
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = (E, I, D, KT, bucket, float(beta), float(lbeta), repr(sorted((cfg or {}).items())), arch, load,
-            os.environ.get("K3FUSE_MOE_UP_MMA", ""), os.environ.get("K3FUSE_MOE_DOWN_MMA", ""),
-            os.environ.get("K3FUSE_MOE_DOWN_UD", ""), os.environ.get("K3FUSE_MOE_DOWN_CTAS", ""),
-            os.environ.get("K3FUSE_MOE_DOWN_AX", ""), os.environ.get("K3FUSE_MOE_DOWN_AXB", ""), down_we(), up_ballot(), os.environ.get("K3FUSE_MOE_UP_CTAS", ""),
-            member_lists(), down_ring())
+            knobs.key(FAMILY))
     k = _built.get(memo)
     if k is not None:
         return k

@@ -11,6 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Optional
 
+from . import knobs
 from .render import render
 
 FAMILY = "prefetch_l2"
@@ -36,7 +37,7 @@ _built: dict = {}
 def build(arch: Optional[str] = None, load: bool = True, chunk: int = CHUNK, per_cta: int = PER_CTA):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (arch, load, chunk, per_cta)
+    memo = (arch, load, chunk, per_cta, knobs.key(FAMILY))
     if memo not in _built:
         _built[memo] = compile_source(render_source(chunk, per_cta), arch, load=load,
                                       meta=dict(family=FAMILY, op="k3fuse::prefetch_l2", template=TEMPLATE,

@@ -44,11 +44,11 @@ CUDA graph, and call k3fuse.codegen.prefetch.join_pending() before ending a capt
 from __future__ import annotations
 
 import logging
-import os
 import threading
 
 from . import streams
 from .buckets import MAX_M
+from . import knobs
 
 log = logging.getLogger("k3fuse.codegen")
 
@@ -140,7 +140,7 @@ def linear_cuda(x, weight):
 def grouped_gemv_enabled() -> bool:
     """On by default since it was timed on the H200 (RESULTS.md, session 3: the KDA TP16 group 28.7 -> 13.5 us);
     K3FUSE_GROUPED_GEMV=0 launches one k3fuse::linear per weight instead."""
-    return os.environ.get("K3FUSE_GROUPED_GEMV", "1") != "0"
+    return knobs.env("K3FUSE_GROUPED_GEMV") != "0"
 
 
 def _concurrent_fns(x, weights, situ_member: int = -1, beta=None, linear_beta=None, router_weight=None):
@@ -295,7 +295,7 @@ def linear_group_situ_cuda(x, weights, situ_member, beta, linear_beta):
 # ------------------------------------------------------------------------------------------- linear_group_router
 def router_topk_enabled() -> bool:
     """The router kernels (router_topk.IMPLS) are registered unless K3FUSE_ROUTER_TOPK=0 (the ATen path)."""
-    return os.environ.get("K3FUSE_ROUTER_TOPK", "1") != "0"
+    return knobs.env("K3FUSE_ROUTER_TOPK") != "0"
 
 
 def _router_in_group_ok():
@@ -360,7 +360,7 @@ def topk_in_group_enabled() -> bool:
     linear_group_router_topk takes the router's selection in the grouped GEMV's last CTA (one launch) where the
     group's config has TOPK_IN_GROUP_MIN_THREADS. Read at lowering (KERNEL_APPLIES) and at launch: fixed per
     process."""
-    return os.environ.get("K3FUSE_TOPK_IN_GROUP", "1") != "0"
+    return knobs.env("K3FUSE_TOPK_IN_GROUP") != "0"
 
 
 def router_first() -> bool:
@@ -368,7 +368,7 @@ def router_first() -> bool:
     launches the router as the group's first member. Only the router's CTAs count in for the selection, so with
     its CTAs first in the grid (dispatched in the first wave) the selection runs while the other members' CTAs
     still stream their weights, instead of after the whole grid. Read at every launch."""
-    return os.environ.get("K3FUSE_ROUTER_FIRST", "1") != "0"
+    return knobs.env("K3FUSE_ROUTER_FIRST") != "0"
 
 
 def router_topk_members(n: int, situ_member: int) -> tuple[int, int, int]:
@@ -562,7 +562,7 @@ def rms_norm_linear_situ_glu_cuda(x, norm_w, eps, weight, beta, linear_beta):
 # twice in one call, session 8) KDA TP16 M = 2 139 / 138 -> 132 / 131 us, MLA M = 1 142 / 133 -> 129 / 129; with its
 # own table entry (gemv_norm, R4 W2) 13.9 us. So every K3 weight behind a norm is fused now (the largest is that 51 MB
 # one). K3FUSE_NORM_LINEAR_MAX_MB=16 restores the old limit (for A/B runs).
-NORM_LINEAR_MAX_WEIGHT_BYTES = int(float(os.environ.get("K3FUSE_NORM_LINEAR_MAX_MB", "64")) * 2**20)
+NORM_LINEAR_MAX_WEIGHT_BYTES = int(float(knobs.env("K3FUSE_NORM_LINEAR_MAX_MB")) * 2**20)
 
 
 def rms_norm_linear_split_reason(M: int, weight_bytes: int, shape=None, gpu=None):
@@ -621,7 +621,7 @@ def register() -> bool:
     global _registered
     if _registered:
         return True
-    if os.environ.get("K3FUSE_KERNELS", "1") == "0":
+    if knobs.env("K3FUSE_KERNELS") == "0":
         return False
     import torch
     import k3fuse.ops  # noqa: F401  (defines the ops)
@@ -640,7 +640,7 @@ def register() -> bool:
     lowering.KERNEL_APPLIES.update(KERNEL_APPLIES)
     lowering.KERNEL_APPLIES.update(mla_applies)
     # K3FUSE_DISABLE_KERNELS=kda_recurrent,moe_experts keeps those ops on the unfused path (to bisect a layer)
-    off = {s.strip() for s in os.environ.get("K3FUSE_DISABLE_KERNELS", "").split(",") if s.strip()}
+    off = {s.strip() for s in knobs.env("K3FUSE_DISABLE_KERNELS").split(",") if s.strip()}
     for name, fn in impls.items():
         if name.split("::")[1] in off:
             log_fallback(name, "disabled by K3FUSE_DISABLE_KERNELS")

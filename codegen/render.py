@@ -2,10 +2,10 @@
 from __future__ import annotations
 
 import functools
-import os
 from typing import Any
 
 import jinja2
+from . import knobs
 
 
 @functools.lru_cache(maxsize=1)
@@ -35,10 +35,9 @@ PDL_CHAIN_TEMPLATES = frozenset({"gemv_simt.py.jinja", "gemv_mma.py.jinja", "gem
 def pdl_chain() -> bool:
     """Launch the layer's kernels as a programmatic-dependent-launch chain (templates/_pdl_chain.jinja): on by
     default (H200, 2026-11-29: -10 us per layer at TP16 M = 1, benchmarks/RESULTS.md "Session 6"; every target
-    arch, sm_90a and later, has griddepcontrol). K3FUSE_PDL_CHAIN=0 turns it off. Read when a kernel is rendered,
-    so it is fixed per process (the kernel memos do not key on it: set it before the first kernel is built, or
-    call codegen.compile.clear_memo())."""
-    return os.environ.get("K3FUSE_PDL_CHAIN", "1") != "0"
+    arch, sm_90a and later, has griddepcontrol). K3FUSE_PDL_CHAIN=0 turns it off. Read when a kernel is rendered
+    (the kernel memos key on it through knobs.key)."""
+    return knobs.env("K3FUSE_PDL_CHAIN") != "0"
 
 
 def render(template: str, **params: Any) -> str:

@@ -16,10 +16,10 @@ Compile key: the rendered source (E, k, renormalize, scale, threads) + arch; M i
 from __future__ import annotations
 
 import math
-import os
 from typing import Optional
 
 from .render import render
+from . import knobs
 
 FAMILY = "router_topk"
 TEMPLATE = "router_topk.py.jinja"
@@ -46,7 +46,7 @@ def rank_select() -> bool:
     MoE group's last CTA) by a threshold and the ranks of the few candidates above it instead of k sequential rounds
     of a block max; H200, KDA TP16 M = 1: the MoE group with the selection tail 26.1 -> 23.6 / 23.7 us (RESULTS.md
     "Session 12", call 8). 0 renders the rounds only. Read when a kernel is rendered."""
-    return os.environ.get("K3FUSE_TOPK_RANK", "1") != "0"
+    return knobs.env("K3FUSE_TOPK_RANK") != "0"
 
 
 def template_params(E: int, k: int, renormalize: bool, scale: float) -> dict:
@@ -69,7 +69,7 @@ def build(E: int, k: int, renormalize: bool = True, scale: float = 1.0, arch: Op
           load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (E, k, bool(renormalize), float(scale), arch, load, rank_select())
+    memo = (E, k, bool(renormalize), float(scale), arch, load, rank_select(), knobs.key(FAMILY))
     if memo not in _built:
         meta = dict(family=FAMILY, op=OP, shape=dict(E=E, k=k), template=TEMPLATE,
                     config=dict(renormalize=bool(renormalize), scale=float(scale), threads=threads_for(E)))
@@ -134,7 +134,7 @@ GEMV_MAX_M = 4            # the CUDA-core GEMV is the faster one up to M ~ 4 on 
 def router_gemv_enabled() -> bool:
     """The fp32-output simt GEMV for the router logits at M <= GEMV_MAX_M (one launch; cuBLAS's split-K GEMM took
     two, 5.9 + 1.8 us at TP16 M = 1, RESULTS.md session 4); K3FUSE_ROUTER_GEMV=0 keeps cuBLAS."""
-    return os.environ.get("K3FUSE_ROUTER_GEMV", "1") != "0"
+    return knobs.env("K3FUSE_ROUTER_GEMV") != "0"
 
 
 def _gemv_ok(x, weight) -> Optional[str]:

@@ -17,10 +17,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
-import os
 import re
 from pathlib import Path
 from typing import Optional
+
+from . import knobs
 
 TABLE_DIR = Path(__file__).parent / "tuning"
 
@@ -68,7 +69,7 @@ def memo(fn):
 
     @functools.wraps(fn)
     def wrapper(*a):
-        return cached(os.environ.get(OVERLAY_VAR, ""), *a)
+        return cached(knobs.env(OVERLAY_VAR), *a)
     wrapper.cache_clear = cached.cache_clear
     _MEMOS.append(wrapper)
     return wrapper
@@ -93,7 +94,7 @@ def _load_overlay(path: str) -> dict:
 def overlay() -> dict:
     """The entries of the K3FUSE_TUNING_OVERLAY file ('' or 'none': no overlay), read once per path: lookups run on
     the launch path (gemv.route per call), so no file system access there."""
-    path = os.environ.get(OVERLAY_VAR, "")
+    path = knobs.env(OVERLAY_VAR)
     return {} if path in ("", "none") else _load_overlay(path)
 
 

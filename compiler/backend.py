@@ -35,6 +35,7 @@ def k3fuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
     opts = K3FuseOptions.from_user(options)
     if mode not in (None, "default"):
         raise ValueError(f"k3fuse: torch.compile mode {mode!r} is not supported; use options={{...}}")
+    _warn_unknown_variables()
     if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in example_inputs):
         raise RuntimeError("k3fuse compiles inference graphs: call the model under torch.no_grad() or "
                            "torch.inference_mode(), or freeze its parameters (requires_grad_(False))")
@@ -57,6 +58,19 @@ def k3fuse_backend(gm: torch.fx.GraphModule, example_inputs, options: dict | Non
 
     return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler, decompositions=decompositions(),
                                  keep_inference_input_mutations=True)
+
+
+_warned_unknown: set = set()
+
+
+def _warn_unknown_variables():
+    """One warning per process for each K3FUSE_* variable that k3fuse does not read (removed or misspelt): it does
+    nothing, and an A/B run with it would measure nothing."""
+    from k3fuse.codegen import knobs
+    new = [u for u in knobs.unknown_set() if u not in _warned_unknown]
+    if new:
+        _warned_unknown.update(new)
+        logger.warning("k3fuse: ignoring %s; `k3fuse knobs` lists the variables k3fuse reads", "; ".join(new))
 
 
 def op_counter(names) -> dict:

@@ -5,6 +5,8 @@
     k3fuse run --config tiny [--steps 4] [--batch 3] [--dtype ...]  compile and decode, compare with eager
     k3fuse kernels --config {tiny,k3} --tp T --batch 1,8,64 --arch sm_90a --out DIR
                                                                     render + compile the CuTe DSL kernels (no GPU)
+    k3fuse knobs [--kind measured,unmeasured] [--json]             the K3FUSE_* environment variables: kind, value
+                                                                    in this process, what each does
 """
 from __future__ import annotations
 
@@ -93,6 +95,27 @@ def _run_decode(args):
     return 0 if all(r["argmax_equal"] for r in rows) else 1
 
 
+def _knobs(args, ap) -> int:
+    from k3fuse.codegen import knobs
+    kinds = tuple(k.strip() for k in args.kind.split(",")) if args.kind else None
+    bad = sorted(set(kinds or ()) - set(knobs.KINDS))
+    if bad:
+        ap.error(f"--kind {','.join(bad)}: one of {', '.join(knobs.KINDS)}")
+    rows = knobs.describe(kinds)
+    unknown = knobs.unknown_set()
+    if args.json:
+        print(json.dumps(dict(knobs=rows, ignored=unknown), indent=1))
+        return 0
+    for r in rows:
+        val = r["value"] if r["value"] is not None else "-"
+        unset = f" (unset: {r['unset']!r})" if r["unset"] else ""
+        fam = f" [{', '.join(r['families'])}]" if r["families"] else ""
+        print(f"{r['name']:<30} {r['kind']:<11} {val:<8} {r['doc']}{unset}{fam}")
+    for u in unknown:
+        print(f"ignored: {u}")
+    return 0
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="k3fuse", description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -105,12 +128,17 @@ def main(argv=None):
         p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
         p.add_argument("--out", default=None, help="debug directory (graphs before/after each pass, summary.json)")
     sub.add_parser("kernels", add_help=False)
+    p = sub.add_parser("knobs")
+    p.add_argument("--kind", default=None, help="comma-separated kinds (path, setting, measured, unmeasured, diagnostic)")
+    p.add_argument("--json", action="store_true")
     args, rest = ap.parse_known_args(argv)
     if args.cmd == "kernels":
         from k3fuse.codegen.kernels_cli import main as kernels_main
         return kernels_main(rest)
     if rest:
         ap.error(f"unrecognized arguments: {' '.join(rest)}")
+    if args.cmd == "knobs":
+        return _knobs(args, ap)
     if args.cmd == "inspect" and not args.out:
         ap.error("inspect needs --out DIR")
     if args.config == "k3":

@@ -1,8 +1,8 @@
 """Options of the k3fuse backend: `torch.compile(model, backend="k3fuse", options={...})`."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field, fields
+from k3fuse.codegen import knobs
 
 INNER_COMPILERS = ("inductor", "eager")
 
@@ -29,8 +29,8 @@ class K3FuseOptions:
         unknown = sorted(set(options) - set(valid))
         if unknown:
             raise ValueError(f"k3fuse: unknown option(s) {unknown}; valid options are {valid}")
-        if options.get("debug_dir") is None and os.environ.get("K3FUSE_DEBUG_DIR"):
-            options["debug_dir"] = os.environ["K3FUSE_DEBUG_DIR"]
+        if options.get("debug_dir") is None and knobs.env("K3FUSE_DEBUG_DIR"):
+            options["debug_dir"] = knobs.env("K3FUSE_DEBUG_DIR")
         inner = options.get("inner_compiler", "inductor")
         if inner not in INNER_COMPILERS:
             raise ValueError(f"k3fuse: inner_compiler must be one of {INNER_COMPILERS}, got {inner!r}")

@@ -46,6 +46,8 @@ os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
 
 import torch
 
+from k3fuse.codegen import knobs
+
 MAX_M = 64          # the largest batch bucket (codegen/buckets.py)
 MAX_WORLD = 8       # flags rows reserved per region; the kernels index flags[src] with src < world <= MAX_WORLD
 CNT_WORDS = 16      # counter area, int32 words
@@ -253,7 +255,7 @@ ENV_FLAG = "K3FUSE_INKERNEL_COLLECTIVES"     # "1": the registry may route colle
 
 
 def inkernel_enabled() -> bool:
-    return os.environ.get(ENV_FLAG) == "1"
+    return knobs.env(ENV_FLAG) == "1"
 
 
 _by_group: dict = {}

@@ -17,8 +17,8 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
-import os
 import sys
+from k3fuse.codegen import knobs
 
 logger = logging.getLogger("k3fuse.vllm")
 
@@ -92,7 +92,7 @@ def _build_class():
 
 def _default_pass():
     if "k3fuse_vllm_pass" not in _built:
-        env = os.environ.get("K3FUSE_VLLM_MAX_TOKENS")
+        env = knobs.env("K3FUSE_VLLM_MAX_TOKENS")
         _built["k3fuse_vllm_pass"] = _build_class()(int(env) if env else None)
         # also in the package's namespace dict: vLLM looks "k3fuse.k3fuse_vllm_pass" up in k3fuse.__dict__
         pkg = sys.modules.get("k3fuse")

@@ -323,11 +323,13 @@ def test_kernels_cli_writes_manifest(tmp_path, monkeypatch):
     monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
     monkeypatch.delenv("K3FUSE_MIXNORM_CLUSTER", raising=False)
     monkeypatch.delenv("K3FUSE_MIXNORM_PUSH", raising=False)
+    monkeypatch.setenv("K3FUSE_FRN_SPIN_NS", "64")       # set (to its default): the manifest records what was set
     out = tmp_path / "kout"
     rc = kernels_cli.main(["--config", "tiny", "--tp", "1", "--batch", "1,100", "--arch", "sm_90a",
                            "--out", str(out)])
     assert rc == 0
     m = json.loads((out / "manifest.json").read_text())
+    assert m["knobs"].get("K3FUSE_FRN_SPIN_NS") == "64" and "K3FUSE_PDL_CHAIN" not in m["knobs"]
     assert m["arch"] == "sm_90a" and m["config"] == "tiny"
     assert m["pdl_chain"] is True                      # the default: the layer's kernels launch as a PDL chain
     assert m["mixnorm_cluster"] == 8                   # the default: a mix-norm row on a cluster of 8 CTAs
