@@ -1,8 +1,7 @@
 """Check and time the MLA decode kernels' split configurations (codegen/mla_attention.py DEFAULT_SPLITS): QS splits
-of the qabsorb kernel over W_UK's columns, VS splits of the combine kernel over W_UV's rows; --one: three launches
-(0), the one-launch variant (1), the one-launch variant without its L2 prefetch (2), keyed QSxVS@1 / @2.
+of the qabsorb kernel over W_UK's columns, VS splits of the combine kernel over W_UV's rows.
 
-    python3 benchmarks/mla_splits.py --out DIR [--heads 6,12] [--ms 1,8,64] [--context 1024] [--one 0,1,2]
+    python3 benchmarks/mla_splits.py --out DIR [--heads 6,12] [--ms 1,8,64] [--context 1024]
 
 Per (heads per rank, M): every candidate's output against the ops.py reference (rel err < 1e-2, output NaN-poisoned
 before each check), then the three launches timed in a CUDA graph over enough copies of (kv_b, cache) to exceed the
@@ -35,7 +34,6 @@ def main():
     ap.add_argument("--splits", default="", help="only these QSxVS candidates, e.g. 16x32,8x8")
     ap.add_argument("--kv-splits", default="0", help="KV split counts of the split kernel to try (0: the launcher's "
                                                      "n_splits(); others are keyed QSxVS/ns)")
-    ap.add_argument("--one", default="0", help="0 three launches, 1 one launch, 2 one launch without the prefetch")
     ap.add_argument("--hpt", default="0", help="score heads per thread (K3FUSE_MLA_SCORE_HPT; 0: the default)")
     ap.add_argument("--pipe", default="", help="K3FUSE_MLA_PIPE values to try, e.g. 0,1 (keyed ~0 / ~1; default: as set)")
     ap.add_argument("--per-head", default="", help="also (1) or only (2) the per-head one-launch kernel, keyed heads "
@@ -45,7 +43,6 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.out, exist_ok=True)
     pipes = args.pipe.split(",") if args.pipe else [None]
-    ones = [int(v) for v in args.one.split(",")]
     hpts = [int(v) for v in args.hpt.split(",")]
     cands = [tuple(int(v) for v in c.split("x")) for c in args.splits.split(",")] if args.splits else CANDIDATES
     kvs = [int(v) for v in args.kv_splits.split(",")]
@@ -67,12 +64,12 @@ def main():
             floor_us = per_copy / bw * 1e6
             out = torch.empty(M, h, V, device="cuda")
             row = dict(h=h, M=M, copies=copies, floor_us=round(floor_us, 2), us={}, rel_err={}, errors={})
-            jobs = [] if args.per_head == "2" else [(sp, ns, one, hpt, pipe) for sp in cands for ns in kvs
-                                                     for one in ones for hpt in hpts for pipe in pipes]
+            jobs = [] if args.per_head == "2" else [(sp, ns, hpt, pipe) for sp in cands for ns in kvs
+                                                     for hpt in hpts for pipe in pipes]
             if args.per_head:
-                jobs += [("heads", ns, 0, 0, cl) for ns in kvs for cl in (args.heads_cl.split(",") if args.heads_cl
+                jobs += [("heads", ns, 0, cl) for ns in kvs for cl in (args.heads_cl.split(",") if args.heads_cl
                                                                             else [None])]
-            for sp, ns, one, hpt, pipe in jobs:
+            for sp, ns, hpt, pipe in jobs:
                 heads = sp == "heads"
                 if heads:
                     key = "heads" + (f"/{ns}" if ns else "") + (f":{pipe}" if pipe is not None else "")
@@ -80,27 +77,25 @@ def main():
                         os.environ["K3FUSE_MLA_HEADS_CL"] = pipe
                     sp, pipe = None, None
                 else:
-                    key = f"{sp[0]}x{sp[1]}" + (f"/{ns}" if ns else "") + (f"@{one}" if one else "") + \
+                    key = f"{sp[0]}x{sp[1]}" + (f"/{ns}" if ns else "") + \
                         (f"#{hpt}" if hpt else "") + (f"~{pipe}" if pipe is not None else "")
                 os.environ["K3FUSE_MLA_SCORE_HPT"] = str(hpt)
                 if pipe is not None:
                     os.environ["K3FUSE_MLA_PIPE"] = pipe
                 ns = ns or None
-                if not heads and (ma.splits_ok(N, V, sp, C) or (one and ma.one_ok(V, sp, 64))):
+                if not heads and ma.splits_ok(N, V, sp, C):
                     continue
-                os.environ["K3FUSE_MLA_ONE_PREFETCH"] = "0" if one == 2 else "1"
-                one = bool(one)
                 try:
                     out.fill_(float("nan"))
                     ma.mla_attention(q[..., :N], q[..., N:], data[0][1], data[0][0], sl, SCALE, out=out, splits=sp,
-                                     n_split=ns, one=one, heads=heads)
+                                     n_split=ns, heads=heads)
                     torch.cuda.synchronize()
                     row["rel_err"][key] = rel_err(out, ref.double())
                     if not row["rel_err"][key] < 1e-2:
                         raise AssertionError(f"rel err {row['rel_err'][key]}")
                     row["us"][key] = round(graph_time(
                         lambda i: ma.mla_attention(q[..., :N], q[..., N:], data[i % copies][1], data[i % copies][0],
-                                                   sl, SCALE, out=out, splits=sp, n_split=ns, one=one, heads=heads),
+                                                   sl, SCALE, out=out, splits=sp, n_split=ns, heads=heads),
                         2 * copies,
                         10)[0], 2)
                 except Exception as e:

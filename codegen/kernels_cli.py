@@ -293,16 +293,14 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             # split grid fits one CTA per SM; other contexts may launch the same splits with the other choice
             ns = mla_attention.n_splits(b, PLAN_CONTEXT, PLAN_SMS, h=h)
             splits = mla_attention.fit_splits(n, v, C, mla_attention.splits_for(b, h))
-            g = mla_attention.one_grid(b, h, ns, splits)    # the one-launch variant where the launcher takes it
-            g = g if groups == 1 and mla_attention.one_reason(b, v, splits, g, PLAN_SMS, h) is None else None
             pipe = mla_attention.pipe_for(b, h, mla_attention.mma_scores(mla_attention.padded_heads(h), r, C)) \
-                and (g or b * ns) <= PLAN_SMS
-            # the combine on tensor cores, as the launcher chooses it (three launches, the bucket in CMMA_BY_HEADS)
-            cmma = mla_attention.combine_mma_on(b, h, v, C, ns, g)
+                and b * ns <= PLAN_SMS
+            # the combine on tensor cores, as the launcher chooses it (the bucket in CMMA_BY_HEADS)
+            cmma = mla_attention.combine_mma_on(b, h, v, C, ns)
             ctok = mla_attention.combine_tokens_for(b, h, v, C) if cmma else 8
-            asy = mla_attention.async_for(b, h, r, C, pipe, g is not None)     # the cp.async ring's mode (0: off)
-            by_splits.setdefault(splits + (pipe, g, cmma, ctok, asy), []).append(b)
-        for (qs, vs, pipe, g, cmma, ctok, asy), bs in by_splits.items():
+            asy = mla_attention.async_for(b, h, r, C, pipe)     # the cp.async ring's mode (0: off)
+            by_splits.setdefault(splits + (pipe, cmma, ctok, asy), []).append(b)
+        for (qs, vs, pipe, cmma, ctok, asy), bs in by_splits.items():
             # one head group: pass fuse_mla_append_and_gate's op (the cache append + output gate variant); more:
             # its CUDA impl falls back to the plain kernel per group (the append runs once, in ATen)
             fused = groups == 1
@@ -310,12 +308,12 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
                              op="k3fuse::mla_append_attention_" if fused else "k3fuse::mla_attention",
                              shape=dict(h=h, n=n, v=v, r=r, C=C), bucket=bs[0],
                              config=dict(scale=(n + r) ** -0.5, splits=[qs, vs], buckets=bs, pipe=pipe,
-                                         **({"one_g": g} if g else {}), **({"cmma": True} if cmma else {}),
+                                         **({"cmma": True} if cmma else {}),
                                          **({"asy": asy} if asy else {}), **({"ctok": ctok} if ctok != 8 else {}),
                                          **({"append_eps": cfg.mla_lora_norm_eps, "gate": True, "out": "bfloat16"}
                                             if fused else {})),
                              name=f"mla_{'append_' if fused else ''}attention_h{h}_c{C}_qs{qs}_vs{vs}"
-                                  f"{'_pipe' if pipe else ''}{f'_one{g}' if g else ''}{'_cmma' if cmma else ''}"
+                                  f"{'_pipe' if pipe else ''}{'_cmma' if cmma else ''}"
                                   f"{'_tok4' if ctok != 8 else ''}{'_async' if asy else ''}",
                              **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
         for cl, bs in by_cl.items():
@@ -395,7 +393,7 @@ def build_job(job: dict, arch: str):
         return mla_attention.build(s["h"], s["n"], s["v"], s["r"], s["C"], c["scale"], arch=arch, load=False,
                                    splits=c["splits"], append_eps=c.get("append_eps"), gate=c.get("gate", False),
                                    out_dtype=c.get("out", "float32"), pipe=c.get("pipe", False),
-                                   one_g=c.get("one_g"), cmma=c.get("cmma", False), asy=int(c.get("asy", 0)),
+                                   cmma=c.get("cmma", False), asy=int(c.get("asy", 0)),
                                    ctok=c.get("ctok", 8))
     if job["family"] == "moe_experts":
         from . import moe_experts

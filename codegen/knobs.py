@@ -69,9 +69,6 @@ TABLE: tuple[Knob, ...] = (
        "1 / 0: the per-head MLA kernel (q_b, qabsorb, split and combine in one launch) wherever it applies / "
        "nowhere; unset: HEADS_BY_HEADS (TP16 M = 1, 2)"),
     _K("K3FUSE_MLA_QB", "1", "path", (MLA,), "0: the per-head MLA kernel does not compute q itself (q_b launched apart)"),
-    _K("K3FUSE_MLA_ONE_KERNEL", "", "path", (MLA,),
-       "1: qabsorb, split and combine as phases of one launch wherever allowed; 0 never; unset / auto: ONE_BY_HEADS "
-       "(measured slower than three launches in sessions 15, 23)"),
     _K("K3FUSE_INKERNEL_COLLECTIVES", "", "path", (),
        "1: the registry may route all-reduce / all-gather to the in-kernel one-shot kernels over peer buffers "
        "(multi-GPU; not measured across GPUs)"),
@@ -139,8 +136,6 @@ TABLE: tuple[Knob, ...] = (
     _K("K3FUSE_MLA_VS", "0", "measured", (MLA,), "the combine's row splits (0: the splits table's; a measurement knob)"),
     _K("K3FUSE_MLA_SCORE_HPT", "0", "measured", (MLA,),
        "heads per thread in the CUDA-core score step (0: the fewest that cover the heads; a measurement knob)"),
-    _K("K3FUSE_MLA_ONE_PREFETCH", "1", "measured", (MLA,),
-       "the one-launch MLA kernel's L2 prefetch of its cache and W_UV rows at its start"),
     _K("K3FUSE_MLA_HEADS_CL", "", "measured", (MLA,),
        "the per-head kernel's largest cluster (unset: HEADS_CL_BY_HEADS, else HEADS_CL)"),
     _K("K3FUSE_MLA_HEADS_MMA", "1", "measured", (MLA,),
@@ -213,6 +208,9 @@ REMOVED: dict[str, str] = {
     "K3FUSE_FRN_EARLY_W": "session 32: the one-launch kernel's weights before the chain's wait",
     "K3FUSE_MOE_PASS_OWNERS": "session 35: the routed down's pass owners",
     "K3FUSE_MLA_QTB": "session 35: qabsorb over several tokens per CTA",
+    "K3FUSE_MLA_ONE_KERNEL": "session 39: the MLA attention's three kernels as one launch with two grid barriers "
+                             "(sessions 15-23: slower at TP16 and TP8)",
+    "K3FUSE_MLA_ONE_PREFETCH": "session 39: that one launch's L2 prefetch",
 }
 _BY_FAMILY: dict[str, tuple] = {f: tuple(k.name for k in TABLE if f in k.families) for f in FAMILIES}
 _reads: Optional[list] = None

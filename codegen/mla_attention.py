@@ -17,8 +17,6 @@ TT = 64 compiles too but takes ~200 registers in the split kernel (one CTA per S
 Variants (session 15; the kernels are @cute.jit phase functions that each kernel calls):
 - PIPE (pipe_for): the split kernel's tile pipeline; 148 registers at h = 12 (182-186 with the MMA score step), so only
   where the split grid fits the SMs. Without it the MMA split kernel launches with min_blocks_per_mp = 2 (<= 128).
-- ONE: the three phases in one launch with two grid barriers; the default only where ONE_BY_HEADS lists it (nowhere:
-  not measured faster, see there), K3FUSE_MLA_ONE_KERNEL=0 / 1 turns it off / on everywhere.
 - MMA (mma_scores; default since session 16, K3FUSE_MLA_MMA=0 turns it off): the score step on tensor cores.
   Measured 2026-12-02 (H200, layer_ab MLA + MoE): -1.1 / -2.9 us at TP16 M = 1 / 8, -3.4 / -10.3 at TP8.
 - PVMMA (pv_mma; default since session 34, K3FUSE_MLA_PVMMA=0 turns it off): the PV step on tensor cores too.
@@ -132,17 +130,17 @@ def pipe_for(M: int, h: int, mma: bool = True) -> bool:
 ASYNC_BY_HEADS: dict = {6: (16, 32, 64)}
 
 
-def async_for(M: int, h: int, r: int, C: int, pipe: bool, one: bool, tt: int = DEFAULT_TT) -> int:
+def async_for(M: int, h: int, r: int, C: int, pipe: bool, tt: int = DEFAULT_TT) -> int:
     """The split kernel's cp.async tile ring at batch M with h heads per rank: 0 off, else its mode (async_mode). The
     cache tiles go by cp.async into a ring of two shared-memory tiles, tile i + 1's copies issued before tile i is
     worked on and the first tile's before the queries', so that no tile's DRAM round trip is exposed and no registers
     hold it (PIPE holds the next tile in registers: 182-186 of them, so it runs only where the grid fits the SMs;
     s128's ncu at M = 64: 2 CTAs per SM, DRAM at 28% of peak). Only the HP real query rows are in shared memory (the
     MMA's rows HP .. 15 are zeros in registers), so with the second tile two CTAs still fit per SM up to HP = 12
-    (async_two_ctas). Off where PIPE or the one-launch kernel runs, or the score / PV steps are not on tensor cores.
+    (async_two_ctas). Off where PIPE runs, or the score / PV steps are not on tensor cores.
     Read at each launch; the mode is passed to build (the memo keys on it)."""
     hp = padded_heads(h)
-    return async_mode(M, h) if not pipe and not one and pv_mma(hp, r, C, tt) else 0
+    return async_mode(M, h) if not pipe and pv_mma(hp, r, C, tt) else 0
 
 
 def async_mode(M: int, h: int) -> int:
@@ -244,23 +242,24 @@ def supports(h: int, n: int, v: int, r: int, C: int, tt: int = DEFAULT_TT) -> Op
 # 32 since session 22 (H200, layer_ab K3FUSE_MLA_CPRE=0,32, MLA + MoE, 10 pairs, RESULTS.md): TP16 M = 1 -1.79 us
 # (10 / 10), M = 2 -0.96 (9 / 10); TP8 M = 1 -1.32 (10 / 10), M = 2 -1.32 (9 / 10)
 CPRE_DEFAULT = "32"
+COMBINE_THREADS = 128      # the CUDA-core combine kernel's (NT3 in the template)
 MAX_CPRE_REGS = 128       # fp32 registers of preloaded partials per combine thread
 
 
-def combine_preload(C: int, one: bool) -> int:
+def combine_preload(C: int) -> int:
     """K3FUSE_MLA_CPRE=N (default CPRE_DEFAULT): the combine loads its first N splits' partials of o_lat (each
     thread's C / NT3 columns) at its start, before the log-sum-exp pass, whose result they do not depend on; the
     rest as before. At M = 1 (NS = 32 splits of a 1024-token context) the merge otherwise pays the max / sum round
     trip and then one L2 round trip per 8 splits (the dynamic loop's unroll). Capped at MAX_CPRE_REGS registers."""
     n = int(knobs.env("K3FUSE_MLA_CPRE") or CPRE_DEFAULT)
-    cpt = C // (256 if one else 128)
+    cpt = C // COMBINE_THREADS
     return max(0, min(n, MAX_CPRE_REGS // cpt))
 
 
 CBATCH_DEFAULT = "8"       # session 33 paired A/B at M = 64: RB 8 -4.4 us TP16 (6/8), -10.1 TP8 (8/8); RB 4 -1.5 / -7.0
 
 
-def combine_batch(v: int, splits, one: bool) -> int:
+def combine_batch(v: int, splits) -> int:
     """K3FUSE_MLA_CBATCH=RB (default CBATCH_DEFAULT, 0 = off): where the combine does not
     hoist its W_UV rows (v / VS > 32 rows per CTA: bucket 64's 4x1), it loads them RB rows per warp at a time, the
     first batch before the merge and batch b + 1 before batch b's dot products, instead of one row per L2 round
@@ -268,7 +267,7 @@ def combine_batch(v: int, splits, one: bool) -> int:
     configs, or RB not dividing the warp's rows). Read when a kernel is rendered."""
     rb = int(knobs.env("K3FUSE_MLA_CBATCH") or CBATCH_DEFAULT)
     vs = int(splits[1])
-    rpw = v // vs // ((256 if one else 128) // 32)
+    rpw = v // vs // (COMBINE_THREADS // 32)
     if rb <= 0 or v // vs <= 32 or rpw % rb or rb >= rpw:
         return 0
     return rb
@@ -366,15 +365,15 @@ def combine_mma_choice(M: int, h: int) -> bool:
     return b in CMMA_BY_HEADS.get(h, ())
 
 
-def combine_mma_on(M: int, h: int, v: int, C: int, ns: int, one_g: Optional[int]) -> bool:
-    """The launcher's rule for the tensor-core combine (also what `k3fuse kernels` plans): three launches, NS within
-    CMMA_MAX_SPLITS, combine_mma_choice and widths it takes."""
-    return one_g is None and ns <= CMMA_MAX_SPLITS and combine_mma_choice(M, h) and combine_mma_reason(v, C) is None
+def combine_mma_on(M: int, h: int, v: int, C: int, ns: int) -> bool:
+    """The launcher's rule for the tensor-core combine (also what `k3fuse kernels` plans): NS within CMMA_MAX_SPLITS,
+    combine_mma_choice and widths it takes."""
+    return ns <= CMMA_MAX_SPLITS and combine_mma_choice(M, h) and combine_mma_reason(v, C) is None
 
 
 def early_loads() -> bool:
     """K3FUSE_MLA_EARLY=1 (opt-in, not run on a GPU): loads that wait on nothing issued with the first ones, in the
-    three-launch kernels (and the one-launch kernel's phases). In the sm_90a SASS (codegen/sass.py) each of these was
+    three-launch kernels. In the sm_90a SASS (codegen/sass.py) each of these was
     a serial L2 round trip of its own:
     - qabsorb (QAE): the new cache row's position and k_pe chunk (after the norm's barrier / the row's store) and q_pe
       (after the q_s stores). Path 4 -> 2 with the append, 4 -> 3 (TP8 bucket 1).
@@ -413,10 +412,10 @@ def combine_tokens_for(M: int, h: int, v: int, C: int) -> int:
 
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
-                    gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False,
+                    gate: bool = False, out_dtype="float32", pipe: bool = False,
                     cmma: bool = False, arch: Optional[str] = None, asy: int = 0, ctok: int = 8) -> dict:
     hp = padded_heads(h)
-    rb3 = combine_batch(v, splits, one_g is not None)
+    rb3 = combine_batch(v, splits)
     nch = (C + r) // 8
     unroll = next(u for u in (8, 4, 2, 1) if nch % u == 0)   # score loop over the row's 16-byte chunks
     nld = -(-tt * nch // THREADS)
@@ -428,8 +427,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 MAX_SPLITS=MAX_SPLITS,
                 APPEND=append_eps is not None,
                 EPS=repr(float(append_eps)) if append_eps is not None else None, GATE=bool(gate), ODT=_dtname(out_dtype),
-                ONE=one_g is not None, G=int(one_g or 0), TIMEOUT_MS=ONE_TIMEOUT_MS, SPIN_NS=ONE_SPIN_NS,
-                PREFETCH=one_g is not None and one_prefetch(), CPRE=combine_preload(C, one_g is not None),
+                CPRE=combine_preload(C),
                 **({"RB3": rb3} if rb3 else {}),      # absent when off: the same source
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
                 **({"CTOK": int(ctok)} if cmma and ctok != 8 else {}),                # absent: the same source
@@ -444,31 +442,29 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                   tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
-                  gate: bool = False, out_dtype="float32", one_g: Optional[int] = None, pipe: bool = False,
+                  gate: bool = False, out_dtype="float32", pipe: bool = False,
                   cmma: bool = False, arch: Optional[str] = None, asy: int = 0, ctok: int = 8) -> str:
     """append_eps: the mla_append_attention_ variant (the cache append in qabsorb, with kv_a_layernorm's eps);
-    gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast); one_g: the
-    one-launch variant with that many CTAs (None: three launches); pipe: the split kernel's tile pipeline; cmma:
-    the tensor-core combine (three launches only; combine_mma_choice); arch: the target (pv_unroll); asy: the split
-    kernel's cp.async tile ring, 0 off or its mode 1 / 2 (async_for: three launches, no PIPE, the score and PV steps on
+    gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast); pipe: the
+    split kernel's tile pipeline; cmma: the tensor-core combine (combine_mma_choice); arch: the target (pv_unroll); asy:
+    the split kernel's cp.async tile ring, 0 off or its mode 1 / 2 (async_for: no PIPE, the score and PV steps on
     tensor cores); ctok: the tensor-core combine's tokens per CTA (combine_tokens_for)."""
-    why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C) or (one_g is not None and one_ok(v, splits, one_g))
+    why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C)
     if ctok not in CMMA_TOKENS:
         why = why or f"{ctok} tokens per tensor-core-combine CTA: one of {CMMA_TOKENS}"
     if cmma:
-        why = why or combine_mma_reason(v, C, ctok) or (one_g is not None and "the tensor-core combine has three launches")
+        why = why or combine_mma_reason(v, C, ctok)
     if asy not in (0, 1, 2):
         why = why or f"cp.async tile ring mode {asy!r}: 0, 1 or 2"
     if asy:
-        why = why or ((pipe or one_g is not None or not pv_mma(padded_heads(h), r, C, tt))
-                      and "the cp.async tile ring takes three launches without PIPE, the score and PV steps on tensor "
-                          "cores")
+        why = why or ((pipe or not pv_mma(padded_heads(h), r, C, tt))
+                      and "the cp.async tile ring takes no PIPE, the score and PV steps on tensor cores")
         why = why or (smem_bytes(h, r, C, tt, True) > 200 * 1024 and
                       f"{smem_bytes(h, r, C, tt, True)} bytes of shared memory with the cp.async tile ring")
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits, append_eps, gate,
-                                              out_dtype, one_g, pipe, cmma, arch, int(asy), int(ctok)))
+                                              out_dtype, pipe, cmma, arch, int(asy), int(ctok)))
 
 
 _built: dict = {}
@@ -477,9 +473,9 @@ _built: dict = {}
 def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
           q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True,
           splits=DEFAULT_SPLITS, append_eps: Optional[float] = None, gate: bool = False, out_dtype="float32",
-          one_g: Optional[int] = None, pipe: bool = False, cmma: bool = False, asy: int = 0, ctok: int = 8):
+          pipe: bool = False, cmma: bool = False, asy: int = 0, ctok: int = 8):
     """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile, the append / gate
-    variant, one launch of one_g CTAs or three, the combine on tensor cores or not and its tokens per CTA (ctok), the
+    variant, the combine on tensor cores or not and its tokens per CTA (ctok), the
     split kernel's cp.async ring mode (asy: 0 off)) and arch. The rendered source
     bakes every one of these, so the cache key (sha256 of source + arch) covers them."""
     from .compile import compile_source, current_arch
@@ -488,18 +484,17 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     eps = float(append_eps) if append_eps is not None else None
     pre3 = combine_mma_pre(v, C, ctok) if cmma else 0
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
-            _dtname(out_dtype), one_g, one_g is not None and one_prefetch(), score_hpt(padded_heads(h), tt),
-            bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C, one_g is not None),
-            combine_batch(v, splits, one_g is not None), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
+            _dtname(out_dtype), score_hpt(padded_heads(h), tt),
+            bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C),
+            combine_batch(v, splits), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
             int(ctok) if cmma else 8, int(asy), pre3, early_loads(), knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
-    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, one_g, pipe, cmma, arch, asy,
-                        ctok)
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, pipe, cmma, arch, asy, ctok)
     op = OP_APPEND if eps is not None else OP
     meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
                 config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits),
-                            append_eps=eps, gate=bool(gate), out=_dtname(out_dtype), one_launch_ctas=one_g,
+                            append_eps=eps, gate=bool(gate), out=_dtname(out_dtype),
                             pipe=bool(pipe), **({"combine_mma": True} if cmma else {}),
                             **({"cp_async_tiles": True} if asy else {}),
                             **({"combine_mma_tokens": int(ctok)} if cmma and ctok != 8 else {}),
@@ -545,95 +540,6 @@ def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT, h: Optional[i
     want = -(-ctas_per_sm(M, h) * sms // max(M, 1))
     min_tiles = 1 if M == 1 else int(knobs.env("K3FUSE_MLA_MIN_TILES") or MIN_TILES_PER_SPLIT)
     return max(1, min(want, -(-ntiles // min_tiles)))
-
-
-# The one-launch variant (ONE in the template): qabsorb, split and combine as phases of one kernel of G resident CTAs
-# with two grid barriers, at M <= ONE_MAX_M. Session 15 (2026-12-02, before the MMA score step) measured it slower
-# than the three PDL-chained launches: MLA layer TP16 +1.1 us at M = 1, +16 us at M = 8 (layer_ab.py); the three
-# kernels alone (context 1001, h = 6) 13.5 us vs 15.0-15.4 at M = 1, 22.2 vs 26.0-37.6 at M = 8 (mla_splits.py
-# --one). Session 21 (2026-12-02, H200, with the MMA score step; layer_ab.py --var K3FUSE_MLA_ONE_KERNEL=0,1, MLA +
-# MoE, 12 ABBA pairs): TP16 (h = 6) M = 1 100.50 -> 99.62 us (-1.36 [-1.55, -0.49], 10 / 12 faster), TP8 (h = 12)
-# M = 1 135.48 -> 137.01 (+1.70, 0 / 12). Checked again in the next call (TP16, 12 pairs): M = 1 93.71 -> 94.96
-# (+1.64 [+0.93, +2.36], 3 / 12), M = 2 +0.04 (4 / 12), M = 4 +2.59 (0 / 12). So at TP16 M = 1 the sign flips between
-# processes (-1.36, +1.64; session 15 +1.1): no measured gain, and three launches stay the default everywhere.
-# Session 23 (2026-12-03, 16 pairs, two processes): TP16 M = 1 +0.82 / +0.77 us (3 / 16 faster in each), TP8 +7.29 /
-# +6.91 (0 / 16): slower in both processes.
-# ONE_BY_HEADS: heads per rank -> batch buckets where the one launch is the default (K3FUSE_MLA_ONE_KERNEL unset).
-ONE_BY_HEADS: dict = {}
-ONE_MAX_G = 128         # CTAs (<= the SM count: one CTA per SM always fits, ~70 KB of shared memory, 256 threads)
-ONE_MAX_M = 8
-ONE_TIMEOUT_MS = 100    # a barrier this late (CTAs not co-resident) is an error, not a hang
-ONE_SPIN_NS = 64        # sleep between polls of the arrival counter (as the one-launch fused_residual_norm)
-
-
-def one_choice() -> Optional[bool]:
-    """K3FUSE_MLA_ONE_KERNEL: 1 takes the one-launch variant wherever one_reason() allows it, 0 never; unset (or
-    'auto') the measured rule, ONE_BY_HEADS. Read at each launch."""
-    v = knobs.env("K3FUSE_MLA_ONE_KERNEL").strip().lower()
-    if v in ("", "auto"):
-        return None
-    if v not in ("0", "1"):
-        raise ValueError(f"K3FUSE_MLA_ONE_KERNEL={v!r}: 0, 1 or auto")
-    return v == "1"
-
-
-def one_prefetch() -> bool:
-    """K3FUSE_MLA_ONE_PREFETCH (default 1): the one-launch kernel's L2 prefetch of each CTA's cache rows and W_UV rows
-    at its start. Read when a kernel is rendered (the memo keys on it)."""
-    return knobs.env("K3FUSE_MLA_ONE_PREFETCH") != "0"
-
-
-def one_grid(M: int, h: int, ns: int, splits) -> int:
-    """CTAs of the one-launch kernel: the largest phase's work items (qabsorb HP * QS * M, split NS * M, combine
-    h * VS * M), rounded up to a power of two, at most ONE_MAX_G (the phases then loop over their items)."""
-    qs, vs = splits
-    items = max(padded_heads(h) * qs * M, ns * M, h * vs * M)
-    return min(ONE_MAX_G, 1 << max(0, items - 1).bit_length())
-
-
-def one_ok(v: int, splits, G: int) -> Optional[str]:
-    """None if the one-launch variant compiles for v_head_dim v, these splits and G CTAs, else the reason."""
-    if G < 1 or G & (G - 1) or G > ONE_MAX_G:
-        return f"{G} CTAs (a power of two up to {ONE_MAX_G})"
-    if v % (8 * splits[1]):
-        return f"combine splits {splits[1]}: v={v} is not a multiple of 8 (warps of 256 threads) x {splits[1]}"
-    return None
-
-
-def one_reason(M: int, v: int, splits, G: int, sms: int, h: Optional[int] = None) -> Optional[str]:
-    """None if this launch takes the one-launch variant, else why it takes three. h: heads per rank, for the
-    measured rule (ONE_BY_HEADS) when the knob is unset."""
-    choice = one_choice()
-    if choice is False:
-        return "K3FUSE_MLA_ONE_KERNEL=0"
-    if choice is None and bucket_for(M) not in ONE_BY_HEADS.get(h, ()):
-        return f"h = {h}, M = {M}: no measured gain for one launch (ONE_BY_HEADS; K3FUSE_MLA_ONE_KERNEL=1 forces it)"
-    if M > ONE_MAX_M:
-        return f"M = {M} > {ONE_MAX_M}"
-    if sms < G:
-        return f"{sms} SMs < {G} CTAs (the grid barrier needs them all resident)"
-    return one_ok(v, splits, G)
-
-
-_one_state: dict = {}
-
-
-def one_state(device, G: int):
-    """The arrival counter (int32 [2]: arrivals, barrier timeouts) of the device's one-launch kernels of G CTAs:
-    one per G, because the base arithmetic needs every launch on a counter to add a multiple of its G. Launches on one
-    counter must run one after another (one stream)."""
-    import torch
-    key = (str(device), G)
-    st = _one_state.get(key)
-    if st is None:
-        st = _one_state[key] = torch.zeros(2, dtype=torch.int32, device=device)
-    return st
-
-
-def one_kernel_errors(device) -> int:
-    """Barrier timeouts of the device's one-launch MLA kernels so far (0 unless CTAs were not co-resident: those
-    outputs were wrong). Synchronizes the device."""
-    return sum(int(st[1].item()) for (d, _), st in _one_state.items() if d == str(device))
 
 
 def head_groups(h: int) -> int:
@@ -701,12 +607,10 @@ def _prep_q(t):
 
 
 def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None,
-                  splits=None, append=None, gate=None, out_dtype=None, one: Optional[bool] = None,
-                  heads: Optional[bool] = None):
+                  splits=None, append=None, gate=None, out_dtype=None, heads: Optional[bool] = None):
     """Launch the kernels (caller checked launch_ok(), and append_ok() for append / gate). Returns o [M, h, v] fp32
     (out_dtype if given). splits: (QS, VS), default splits_for(M, h). append: (ckv [M, C + r], kv_norm_w [C], eps): the
     new token's row is written into the cache first (mla_append_attention_); gate [M, h * v]: o * sigmoid(gate).
-    one: the one-launch variant (default: where one_reason() allows it; True forces it, so the caller checks).
     heads: the per-head variant (default heads_choice(); taken where heads_reason() allows it; n_split is then its
     splits per (row, head))."""
     import torch
@@ -717,7 +621,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     T = cache.shape[1]
     hp = padded_heads(h)
     dev = cache.device
-    chosen = one is not None or bool(splits)     # the caller picked a three-launch variant
+    chosen = bool(splits)     # the caller picked the three launches' splits
     splits = tuple(splits) if splits else fit_splits(n, v, C, splits_for(M, h))
     odt = out_dtype or torch.float32
     sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
@@ -729,18 +633,14 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     ns = n_split or n_splits(M, T, sms, h=h)
     if not 1 <= ns <= MAX_SPLITS:
         raise ValueError(f"{ns} KV splits (the combine kernel takes 1..{MAX_SPLITS})")
-    G = one_grid(M, h, ns, splits)
-    if one is None:
-        one = one_reason(M, v, splits, G, sms, h) is None
-    G = G if one else None
     # the pipeline's registers (148 at h = 12, 182-186 with MMA scores, against <= 128 without) leave one CTA per
     # SM: where the grid fits
-    pipe = pipe_for(M, h, mma_scores(padded_heads(h), r, C)) and (G or M * ns) <= sms
-    cmma = combine_mma_on(M, h, v, C, ns, G)
-    asy = async_for(M, h, r, C, pipe, G is not None)
+    pipe = pipe_for(M, h, mma_scores(padded_heads(h), r, C)) and M * ns <= sms
+    cmma = combine_mma_on(M, h, v, C, ns)
+    asy = async_for(M, h, r, C, pipe)
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
-                 append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, one_g=G,
-                 pipe=pipe, cmma=cmma, asy=asy, ctok=combine_tokens_for(M, h, v, C) if cmma else 8)
+                 append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, pipe=pipe,
+                 cmma=cmma, asy=asy, ctok=combine_tokens_for(M, h, v, C) if cmma else 8)
     f32 = torch.float32
     qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)
@@ -751,8 +651,6 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     if out is None:
         out = torch.empty(M, h, v, dtype=odt, device=dev)
     extra = _append_gate_args(M, h, v, append, gate)
-    if G is not None:
-        extra.append(one_state(dev, G))
     kern(qn, qp, cache, w, sl, qs, opart, ml, out, *extra)
     return out
 

@@ -602,26 +602,10 @@ def test_plan_follows_runtime_choices(monkeypatch):
     monkeypatch.setenv("K3FUSE_MLA_CMMA", "0")
     assert not [j for j in kernels_cli.plan("k3", 8, [64], "sm_90a")[0] if j["config"].get("cmma")]
     monkeypatch.delenv("K3FUSE_MLA_CMMA")
-    assert not [j for j in jobs3 if j["family"] == "mla_attention" and j["config"].get("one_g")]
-    # the one-launch variant where the launcher takes it (a measured rule in mla_attention.ONE_BY_HEADS, here h = 6 at
-    # M = 1; or K3FUSE_MLA_ONE_KERNEL=1), of one_grid's 64 CTAs (qabsorb 6 heads x 8 splits, 32 KV splits)
-    from k3fuse.codegen import mla_attention
-    monkeypatch.setattr(mla_attention, "ONE_BY_HEADS", {6: (1,)})
-    monkeypatch.setenv("K3FUSE_MLA_HEADS", "0")                    # the per-head kernel would take M = 1 first
-    jobs1, _ = kernels_cli.plan("k3", 16, [1, 8], "sm_90a")
-    assert {j["config"]["buckets"][0]: j["config"].get("one_g") for j in jobs1 if j["family"] == "mla_attention"} == \
-        {1: 64, 8: None}
-    assert [j["name"] for j in jobs1 if j["config"].get("one_g")] == ["mla_append_attention_h6_c512_qs8_vs8_pipe_one64"]
-    monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "0")
-    assert not [j for j in kernels_cli.plan("k3", 16, [1], "sm_90a")[0] if j["config"].get("one_g")]
-    monkeypatch.delenv("K3FUSE_MLA_ONE_KERNEL")
-    monkeypatch.delenv("K3FUSE_MLA_HEADS")
-    monkeypatch.setattr(mla_attention, "ONE_BY_HEADS", {})
     # 12 heads with the MMA score step (the default): the pipeline at M = 1 too; with CUDA-core scores, not at M = 1
     jobs8p, _ = kernels_cli.plan("k3", 8, [1, 8], "sm_90a")
     assert {j["config"]["pipe"]: j["config"]["buckets"] for j in jobs8p if j["family"] == "mla_attention"} == \
         {True: [1, 8]}
-    assert not [j for j in jobs8p if j["family"] == "mla_attention" and j["config"].get("one_g")]
     monkeypatch.setenv("K3FUSE_MLA_MMA", "0")
     jobs8c, _ = kernels_cli.plan("k3", 8, [1, 8], "sm_90a")
     monkeypatch.delenv("K3FUSE_MLA_MMA")

@@ -91,11 +91,11 @@ def test_mla_split_variants_compile(arch, h, splits, isolated_kernel_cache):
     assert count(comb, v4) >= rows
     first_bar = min(i for i in (comb.find("bar.sync"), comb.find("barrier.sync")) if i >= 0)
     # the preloaded partials (K3FUSE_MLA_CPRE, one 16-byte load per split) come before the first barrier too
-    pre = ma.combine_preload(K3["C"], False)
+    pre = ma.combine_preload(K3["C"])
     if K3["v"] // vs <= 32:                                        # hoisted: every W_UV load before the first barrier
         assert count(comb[:first_bar], v4) == rows + pre
     else:                        # not hoisted: the first batch of RB rows (K3FUSE_MLA_CBATCH, default 8), if batched
-        rb = ma.combine_batch(K3["v"], splits, False)
+        rb = ma.combine_batch(K3["v"], splits)
         assert count(comb[:first_bar], v4) == pre + rb * (K3["C"] // 256)
     src = open(k.files["kernel.py"]).read()
     assert "grid=[HP, M, QS]" in src and f"QS = {qs} " in src and f"VS = {vs} " in src
@@ -407,64 +407,6 @@ def test_mla_append_gate_variant_compiles(arch, h, splits, isolated_kernel_cache
     assert "mCkv" not in plain and "mG" not in plain and "ODT = Float32" in plain
 
 
-@pytest.mark.parametrize("arch,h,G,append", [("sm_90a", 6, 64, True), ("sm_100a", 6, 64, True),
-                                             ("sm_90a", 12, 128, False)])
-def test_mla_one_launch_compiles(arch, h, G, append, isolated_kernel_cache):
-    """The one-launch variant: a single entry, no local memory, the cache / W_UV L2 prefetches, two grid barriers
-    (a release arrival and an acquire poll each), and the same 16-byte cache and W_UK loads as the three kernels."""
-    pytest.importorskip("cutlass")
-    bf = "bfloat16"
-    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False, splits=(8, 8), one_g=G,
-                 append_eps=1e-6 if append else None, gate=append, out_dtype=bf if append else "float32")
-    ptx = open(k.files["kernel.ptx"]).read()
-    ks = entries(ptx)
-    assert list(ks) == ["one_kernel"], list(ks)
-    body = ks["one_kernel"]
-    assert "ld.local" not in ptx and "st.local" not in ptx
-    assert count(body, r"cp\.async\.bulk\.prefetch\.L2") == 2
-    assert count(body, r"red\.release\.gpu\.global\.add\.s32") == 2
-    assert count(body, r"ld\.acquire\.gpu\.global\.b32") == 2
-    v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
-    hp, cr = ma.padded_heads(h), K3["C"] + K3["r"]
-    nld, nq = -(-ma.DEFAULT_TT * cr // 8 // ma.THREADS), -(-hp * cr // 4 // ma.THREADS)
-    assert count(body, v4) >= qabsorb_rows_per_thread(8) + nld + nq
-    src = open(k.files["kernel.py"]).read()
-    assert f"G = {G} " in src and "grid=[G, 1, 1]" in src and "NT3 = 256" in src
-
-
-def test_mla_one_launch_grid_and_reasons(monkeypatch):
-    """one_grid: the largest phase's items rounded up to a power of two, at most ONE_MAX_G; one_reason: the knob
-    (unset: the measured rule ONE_BY_HEADS), M, the SM count and the combine's warp tiling, each with its reason; the
-    fallback keeps three launches."""
-    monkeypatch.delenv("K3FUSE_MLA_ONE_KERNEL", raising=False)
-    assert "ONE_BY_HEADS" in ma.one_reason(1, 128, (8, 8), 64, 132, 6)     # nowhere measured faster (session 21)
-    monkeypatch.setattr(ma, "ONE_BY_HEADS", {6: (1,)})  # the rule's mechanism: h = 6 at bucket 1 only
-    assert ma.one_reason(1, 128, (8, 8), 64, 132, 6) is None
-    assert "ONE_BY_HEADS" in ma.one_reason(1, 128, (8, 8), 128, 132, 12)
-    assert "ONE_BY_HEADS" in ma.one_reason(2, 128, (8, 8), 64, 132, 6)
-    monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "auto")
-    assert ma.one_reason(1, 128, (8, 8), 64, 132, 6) is None
-    monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "yes")
-    with pytest.raises(ValueError, match="0, 1 or auto"):
-        ma.one_reason(1, 128, (8, 8), 64, 132, 6)
-    monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "1")
-    assert ma.one_reason(2, 128, (8, 8), 64, 132, 12) is None       # forced wherever it applies
-    assert ma.one_grid(1, 6, 32, (8, 8)) == 64          # qabsorb 6 x 8 = combine 6 x 8 = 48 items, split 32
-    assert ma.one_grid(1, 6, 16, (1, 1)) == 16
-    assert ma.one_grid(1, 12, 32, (8, 8)) == 128        # 96 items
-    assert ma.one_grid(8, 6, 16, (32, 8)) == ma.ONE_MAX_G
-    assert ma.one_grid(1, 1, 1, (1, 1)) == 2            # HP = 2: a power of two (1 is 2^0, also fine)
-    assert ma.one_reason(1, 128, (8, 8), 64, 132) is None
-    assert ma.one_reason(ma.ONE_MAX_M + 1, 128, (8, 8), 64, 132).startswith("M = ")
-    assert "SMs" in ma.one_reason(1, 128, (8, 8), 128, 100)
-    assert "multiple of 8" in ma.one_reason(1, 128, (8, 32), 64, 132)
-    assert "power of two" in ma.one_ok(128, (8, 8), 96)
-    monkeypatch.setenv("K3FUSE_MLA_ONE_KERNEL", "0")
-    assert ma.one_reason(1, 128, (8, 8), 64, 132, 6) == "K3FUSE_MLA_ONE_KERNEL=0"
-    with pytest.raises(ValueError, match="multiple of 8"):
-        ma.render_source(6, **K3, scale=SCALE, splits=(8, 32), one_g=64)
-
-
 def test_mla_pipe_choice(monkeypatch):
     """pipe_for: the knob forces it; unset, the measured rule (on with the MMA score step; with CUDA-core scores,
     not at M = 1 with more than 8 heads)."""
@@ -571,7 +513,7 @@ def test_mla_combine_preload_loads_ahead(h, monkeypatch, isolated_kernel_cache):
     import subprocess
     from test_codegen_compile import _nvdisasm
     monkeypatch.setenv("K3FUSE_MLA_CPRE", "1000")
-    assert ma.combine_preload(512, False) == ma.MAX_CPRE_REGS // 4 and ma.combine_preload(512, True) == 64
+    assert ma.combine_preload(512) == ma.MAX_CPRE_REGS // 4
     monkeypatch.setenv("K3FUSE_MLA_CPRE", "32")
     k = ma.build(h, **K3, scale=SCALE, arch="sm_90a", load=False, splits=ma.splits_for(1, h), append_eps=1e-6,
                  gate=True, out_dtype=torch.bfloat16, pipe=True)
@@ -881,7 +823,7 @@ def test_mla_combine_batches_its_w_uv_rows(arch, rb, monkeypatch):
     on = ma.build(splits=(4, 1), **args)
     assert f"RB3 = {rb} " in on.source and on.source != off.source
     assert "RB3" not in ma.render_source(6, **K3, scale=SCALE, splits=(4, 4), append_eps=1e-6, gate=True)
-    assert ma.combine_batch(128, (4, 1), False) == rb and ma.combine_batch(128, (8, 8), False) == 0
+    assert ma.combine_batch(128, (4, 1)) == rb and ma.combine_batch(128, (8, 8)) == 0
     if arch != "sm_90a":
         return
     s_off, s_on = _combine_sass(off), _combine_sass(on)
@@ -917,8 +859,6 @@ def test_mla_combine_mma_compiles(arch, h, gated, monkeypatch):
     assert "combine_mma_kernel" not in plain and "def combine_kernel" in plain
     src = ma.render_source(**args, cmma=True)
     assert "def combine_mma_kernel" in src and "def combine_kernel" not in src
-    with pytest.raises(ValueError, match="three launches"):
-        ma.render_source(**dict(args, splits=(1, 1)), one_g=64, cmma=True)
     k = ma.build(**args, arch=arch, load=False, cmma=True)
     body = entries(open(k.files["kernel.ptx"]).read())["combine_mma_kernel"]
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", body)) == K3["C"] // 32 * 2
@@ -941,14 +881,14 @@ def test_mla_async_tiles_compiles(arch, h, monkeypatch, tmp_path, capfd):
     hp, r, C = ma.padded_heads(h), K3["r"], K3["C"]
     monkeypatch.delenv("K3FUSE_MLA_ASYNC", raising=False)
     # unset: mode 1 where ASYNC_BY_HEADS lists (h, bucket) (TP16's h = 6 at 16-64), off elsewhere and where PIPE runs
-    assert [ma.async_for(M, h, r, C, False, False) for M in (8, 9, 16, 40, 64)] == \
+    assert [ma.async_for(M, h, r, C, False) for M in (8, 9, 16, 40, 64)] == \
         ([0, 1, 1, 1, 1] if h == 6 else [0, 0, 0, 0, 0])
-    assert ma.async_for(64, h, r, C, True, False) == 0 and ma.async_for(64, h, r, C, False, True) == 0
+    assert ma.async_for(64, h, r, C, True) == 0
     monkeypatch.setenv("K3FUSE_MLA_ASYNC", "1")
-    assert ma.async_for(1, h, r, C, False, False) == 1
-    assert ma.async_for(64, h, r, C, True, False) == 0 and ma.async_for(64, h, r, C, False, True) == 0
+    assert ma.async_for(1, h, r, C, False) == 1
+    assert ma.async_for(64, h, r, C, True) == 0
     monkeypatch.setenv("K3FUSE_MLA_ASYNC", "0")
-    assert ma.async_for(64, h, r, C, False, False) == 0
+    assert ma.async_for(64, h, r, C, False) == 0
     args = dict(h=h, **K3, scale=SCALE, splits=(4, 1))
     with pytest.raises(ValueError, match="cp.async"):
         ma.render_source(**args, pipe=True, asy=1)
@@ -965,7 +905,7 @@ def test_mla_async_tiles_compiles(arch, h, monkeypatch, tmp_path, capfd):
     assert "min_blocks_per_mp=2" in launch(ma.render_source(**args, arch=arch, asy=2))
     monkeypatch.setenv("K3FUSE_MLA_ASYNC", "3")
     with pytest.raises(ValueError, match="K3FUSE_MLA_ASYNC"):
-        ma.async_for(64, h, r, C, False, False)
+        ma.async_for(64, h, r, C, False)
     k = ma.build(**args, arch=arch, load=False, asy=1)
     k0 = ma.build(**args, arch=arch, load=False)
     body, body0 = (entries(open(x.files["kernel.ptx"]).read())["split_kernel"] for x in (k, k0))
@@ -1028,15 +968,14 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("one_g,gated", [(None, True), (None, False), (128, False)])
-def test_mla_early_loads_compile(arch, one_g, gated, monkeypatch):
+@pytest.mark.parametrize("gated", [True, False])
+def test_mla_early_loads_compile(arch, gated, monkeypatch):
     """K3FUSE_MLA_EARLY=1 (opt-in): unset or 0, the sources are unchanged; on, qabsorb loads q_pe (and with the append,
-    the row's position and k_pe chunk) with its first loads, and the CUDA-core combine (three launches, or the one-launch
-    kernel's phase) loads each split's sum in its first pass into shared memory; the tensor-core combine keeps its own
+    the row's position and k_pe chunk) with its first loads, and the CUDA-core combine loads each split's sum in its first pass into shared memory; the tensor-core combine keeps its own
     merge; compiles without local memory. On sm_90a (with nvdisasm) the most serial round trips on a path drop in
     qabsorb and the combine (TP8 bucket 1 when written: 4 -> 3 and 8 -> 5; plain qabsorb 3 -> 2)."""
     from k3fuse.codegen import sass
-    args = dict(h=12, **K3, scale=SCALE, splits=(8, 8) if one_g is None else (1, 1), arch=arch, one_g=one_g,
+    args = dict(h=12, **K3, scale=SCALE, splits=(8, 8), arch=arch,
                 append_eps=1e-6 if gated else None, gate=gated, out_dtype="bfloat16" if gated else "float32")
     monkeypatch.delenv("K3FUSE_MLA_EARLY", raising=False)
     plain = ma.render_source(**args)
@@ -1049,14 +988,13 @@ def test_mla_early_loads_compile(arch, one_g, gated, monkeypatch):
     assert "mQs[m, hd, C + j] = qpe[i]" in src
     assert (src.index("pos = mSl[m]") < src.index("cute.arch.barrier()", src.index("gN[(None,), (tidx,)]"))) if gated \
         else "pos = mSl[m]" not in src
-    if one_g is None:
-        cm = dict(args, splits=(4, 1), cmma=True, ctok=4)
-        assert "sWs[s] = mMl" not in ma.render_source(**cm)       # the tensor-core combine has its own merge
+    cm = dict(args, splits=(4, 1), cmma=True, ctok=4)
+    assert "sWs[s] = mMl" not in ma.render_source(**cm)           # the tensor-core combine has its own merge
     k = ma.build(**args, load=False)
     assert k.source == src and k.key != k0.key
     ptx = open(k.files["kernel.ptx"]).read()
     assert "ld.local" not in ptx and "st.local" not in ptx
-    if arch != "sm_90a" or one_g is not None:
+    if arch != "sm_90a":
         return
     if sass.find_disassembler() is None:
         pytest.skip("no nvdisasm / cuobjdump: the SASS is not read")
@@ -1103,31 +1041,30 @@ def test_mla_combine_mma_pre_compiles(arch, h, gated, monkeypatch, tmp_path, cap
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("h,one", [(6, False), (12, True), (16, False)])
-def test_mla_pv_mma_compiles(arch, h, one, monkeypatch):
+@pytest.mark.parametrize("h", [6, 12, 16])
+def test_mla_pv_mma_compiles(arch, h, monkeypatch):
     """K3FUSE_MLA_PVMMA (default 1): the split kernel's PV step on tensor cores. 0, the sources have no PV MMAs; on
-    (unset), the split step (its kernel, or the one-launch kernel) has the PV MMAs (C / 128
+    (unset), the split kernel has the PV MMAs (C / 128
     m-tiles x the heads' n-tiles x TT / 16 k-blocks x hi + lo) beside the score step's, a movmatrix per A block, and
     no local memory; off where the score step is not on tensor cores."""
     hp = ma.padded_heads(h)
-    args = dict(h=h, **K3, scale=SCALE, splits=(1, 1) if one else (4, 1))
-    og = 64 if one else None
-    name = "one_kernel" if one else "split_kernel"
+    args = dict(h=h, **K3, scale=SCALE, splits=(4, 1))
+    name = "split_kernel"
 
     def split_body(k):
         return entries(open(k.files["kernel.ptx"]).read())[name]
 
     monkeypatch.setenv("K3FUSE_MLA_PVMMA", "0")
     assert not ma.pv_mma(hp, K3["r"], K3["C"])
-    off = ma.build(**args, arch=arch, load=False, one_g=og)
+    off = ma.build(**args, arch=arch, load=False)
     plain = open(off.files["kernel.py"]).read()
-    assert plain == ma.render_source(**args, one_g=og) and "PMT" not in plain
+    assert plain == ma.render_source(**args) and "PMT" not in plain
     monkeypatch.delenv("K3FUSE_MLA_PVMMA")
     assert ma.pv_mma(hp, K3["r"], K3["C"])
     monkeypatch.setenv("K3FUSE_MLA_MMA", "0")
     assert not ma.pv_mma(hp, K3["r"], K3["C"])
     monkeypatch.delenv("K3FUSE_MLA_MMA")
-    k = ma.build(**args, arch=arch, load=False, one_g=og)
+    k = ma.build(**args, arch=arch, load=False)
     assert "PMT = " in open(k.files["kernel.py"]).read()
     body, body_off = split_body(k), split_body(off)
     mma = r"mma\.sync\.aligned\.m16n8k16"

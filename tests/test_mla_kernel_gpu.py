@@ -47,13 +47,13 @@ def reference(q_nope, q_pe, cache, kv_b, seq_lens, scale):
     return ops.mla_attention._init_fn(q_nope, q_pe, clean, kv_b, seq_lens, scale)
 
 
-def run_kernel(args, n_split=None, one=None):
+def run_kernel(args, n_split=None):
     from k3fuse.codegen import mla_attention as ma
     q_nope, _, _, kv_b, _ = args
     M, h, _ = q_nope.shape
     assert ma.launch_ok(*args) is None
     o = torch.full((M, h, V), float("nan"), device="cuda")
-    ma.mla_attention(*args, SCALE, out=o, n_split=n_split, one=one, heads=False)   # the per-head one: its own file
+    ma.mla_attention(*args, SCALE, out=o, n_split=n_split, heads=False)   # the per-head one: its own file
     return o
 
 
@@ -66,26 +66,20 @@ CASES = [  # (M, T, seq_lens)
 
 @pytest.mark.parametrize("M,T,seq_lens", CASES)
 @pytest.mark.parametrize("h", [6, 12])
-@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
-def test_mla_matches_reference(M, T, seq_lens, h, one, seed):
-    from k3fuse.codegen import mla_attention as ma
+def test_mla_matches_reference(M, T, seq_lens, h, seed):
     args = inputs(M, h, T, seq_lens)
     cache0 = args[2].clone()
-    errs = ma.one_kernel_errors("cuda:0")
-    o = run_kernel(args, one=one)
+    o = run_kernel(args)
     torch.cuda.synchronize()
-    assert ma.one_kernel_errors("cuda:0") == errs, "a grid barrier timed out"
     assert torch.equal(args[2].view(torch.int16), cache0.view(torch.int16)), "the kernel wrote its input cache"  # bitwise: the garbage has NaN
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
 
 @pytest.mark.parametrize("n_split", [1, 2, 7, 64])
-@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
-def test_mla_split_counts(n_split, one, seed):
-    """Any split count gives the same answer (empty splits included: 64 splits of 40 tiles; in one launch, 3 x 64
-    split items over 128 CTAs: two per CTA)."""
+def test_mla_split_counts(n_split, seed):
+    """Any split count gives the same answer (empty splits included: 64 splits of 40 tiles)."""
     args = inputs(3, 12, 1280, [1279, 300, 0])
-    o = run_kernel(args, n_split, one=one)
+    o = run_kernel(args, n_split)
     torch.cuda.synchronize()
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
@@ -118,17 +112,13 @@ def test_mla_cuda_impl_and_fallback(seed):
 
 @pytest.mark.parametrize("splits", [(1, 1), (2, 2), (4, 1), (4, 8), (16, 32), (32, 8), (8, 32), (8, 16)])
 @pytest.mark.parametrize("M,T,seq_lens", [CASES[1], CASES[5], CASES[8]])
-@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
-def test_mla_splits_match_reference(splits, M, T, seq_lens, one, seed):
+def test_mla_splits_match_reference(splits, M, T, seq_lens, seed):
     """QS qabsorb column splits / VS combine splits (mla_attention.SPLITS_BY_BUCKET), the W_UV loads hoisted (VS >=
-    4) or not: the same answer as the reference; in one launch too, where v = 128 is a multiple of 8 x VS (phases
-    with one to several items per CTA)."""
+    4) or not: the same answer as the reference."""
     from k3fuse.codegen import mla_attention as ma
-    if one and ma.one_ok(V, splits, 64):
-        pytest.skip(ma.one_ok(V, splits, 64))
     args = inputs(M, 6, T, seq_lens)
     o = torch.full((M, 6, V), float("nan"), device="cuda")
-    ma.mla_attention(*args, SCALE, out=o, splits=splits, one=one)
+    ma.mla_attention(*args, SCALE, out=o, splits=splits)
     torch.cuda.synchronize()
     assert rel(o, reference(*args, SCALE)) < 1e-2
 
@@ -251,82 +241,6 @@ def test_mla_append_attention_op_in_a_cuda_graph(seed):
         assert rel(cache, ref_cache) < 1e-2 and rel(cache[torch.arange(M), sl], ref_cache[torch.arange(M), sl]) < 1e-2
 
 
-def test_mla_one_launch_counters_across_grids_and_graphs(seed):
-    """The one-launch kernel's grid barrier across launches of different G (M = 1: 64 CTAs, M = 8: 128, M = 1 with
-    n_split = 2 and splits 1 x 1: 8) interleaved, eager and replayed from a CUDA graph, 40 launches in all: every
-    output matches the reference, no barrier timed out, and each G's arrival counter advanced by exactly 2 G per
-    launch."""
-    from k3fuse.codegen import mla_attention as ma
-    h, T = 6, 1001
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    cases = {}
-    for name, M, ns, sp in (("m1", 1, None, None), ("m8", 8, None, None), ("m1ns2", 1, 2, (1, 1))):
-        args = inputs(M, h, T, torch.randint(0, T, (M,)).tolist())
-        G = ma.one_grid(M, h, ns or ma.n_splits(M, T, sms), sp or ma.fit_splits(N, V, C, ma.splits_for(M, h)))
-        cases[name] = (args, dict(n_split=ns, splits=sp), G)
-    assert sorted({c[2] for c in cases.values()}) == [8, 64, 128]
-    refs = {k: reference(*c[0], SCALE) for k, c in cases.items()}
-    errs0 = ma.one_kernel_errors("cuda:0")
-    outs = {k: torch.empty(c[0][0].shape[0], h, V, device="cuda") for k, c in cases.items()}
-    for k, (args, kw, _) in cases.items():                  # build + the counters exist before capture
-        ma.mla_attention(*args, SCALE, out=outs[k], one=True, **kw)
-    torch.cuda.synchronize()
-    start = {G: int(ma.one_state("cuda:0", G)[0].item()) for _, _, G in cases.values()}
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        ma.mla_attention(*cases["m1"][0], SCALE, out=outs["m1"], one=True)
-    launches = {G: 0 for G in start}
-    for i in range(10):
-        for k in ("m8", "m1ns2"):
-            outs[k].fill_(float("nan"))
-            args, kw, G = cases[k]
-            ma.mla_attention(*args, SCALE, out=outs[k], one=True, **kw)
-            launches[G] += 1
-        outs["m1"].fill_(float("nan"))
-        g.replay()
-        launches[cases["m1"][2]] += 1
-        torch.cuda.synchronize()
-        for k in outs:
-            assert rel(outs[k], refs[k]) < 1e-2, (i, k)
-    for k, (args, kw, G) in cases.items():
-        ma.mla_attention(*args, SCALE, out=outs[k], one=True, **kw)
-        launches[G] += 1
-    torch.cuda.synchronize()
-    assert ma.one_kernel_errors("cuda:0") == errs0
-    for G, n in launches.items():
-        assert int(ma.one_state("cuda:0", G)[0].item()) - start[G] == 2 * G * n, G
-
-
-@pytest.mark.parametrize("M,T,seq_lens", [(1, 2000, [1234]), (8, 257, [256, 0, 1, 31, 32, 33, 200, 128])])
-def test_mla_one_launch_append_gate_matches_three(M, T, seq_lens, seed):
-    """mla_append_attention_'s variant (the append in phase 1, the gate in phase 3) in one launch against the three
-    launches on the same inputs: the same appended row (bitwise) and o within 1e-2 (bf16)."""
-    from k3fuse.codegen import mla_attention as ma
-    bf = torch.bfloat16
-    h = 6
-    qn, qp, cache, kv_b, sl = inputs(M, h, T, seq_lens)
-    ckv = (torch.randn(M, C + R, device="cuda") * 3).to(bf)
-    nw = (torch.rand(C, device="cuda") + 0.5).to(bf)
-    gate = torch.randn(M, h * V, device="cuda").to(bf)
-    outs, caches = [], []
-    for one in (False, True):
-        c = cache.clone()
-        o = torch.full((M, h, V), float("nan"), device="cuda", dtype=bf)
-        ma.mla_attention(qn, qp, c, kv_b, sl, SCALE, out=o, append=(ckv, nw, 1e-6), gate=gate, out_dtype=bf, one=one)
-        outs.append(o)
-        caches.append(c)
-    torch.cuda.synchronize()
-    assert torch.equal(caches[0].view(torch.int16), caches[1].view(torch.int16))
-    rows = torch.arange(M, device="cuda")
-    clean = caches[1].clone()
-    for m in range(M):
-        clean[m, int(sl[m]) + 1:] = 0
-    from k3fuse import ops
-    ref = ops.mla_attention._init_fn(qn, qp, clean, kv_b, sl, SCALE) * torch.sigmoid(gate.float().view(M, h, V))
-    assert rel(outs[1], ref) < 1e-2 and rel(outs[0], ref) < 1e-2
-    assert not torch.equal(caches[1][rows, sl].view(torch.int16), cache[rows, sl].view(torch.int16))
-
-
 @pytest.mark.parametrize("M,T,seq_lens", [CASES[0], CASES[1], CASES[3], CASES[5], CASES[8]])
 @pytest.mark.parametrize("h", [6, 12, 16])
 @pytest.mark.parametrize("pipe", ["0", "1"])
@@ -345,8 +259,7 @@ def test_mla_mma_scores_match_reference(M, T, seq_lens, h, pipe, mma, monkeypatc
 
 
 @pytest.mark.parametrize("n_split", [1, 7, 32, 64])
-@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
-def test_mla_combine_preload_bit_identical(n_split, one, seed, monkeypatch):
+def test_mla_combine_preload_bit_identical(n_split, seed, monkeypatch):
     """K3FUSE_MLA_CPRE=32 (the combine's first 32 splits' partials loaded before its log-sum-exp pass): fewer splits
     than that (1, 7), exactly (32) and more (64, the dynamic loop after the preloaded ones) give the same bits as the
     default combine (the same sums in the same order), poisoned output, and match the reference."""
@@ -355,8 +268,8 @@ def test_mla_combine_preload_bit_identical(n_split, one, seed, monkeypatch):
     outs = {}
     for cpre in ("0", "32"):
         monkeypatch.setenv("K3FUSE_MLA_CPRE", cpre)
-        assert ma.combine_preload(C, one) == int(cpre)
-        outs[cpre] = run_kernel(args, n_split, one=one)
+        assert ma.combine_preload(C) == int(cpre)
+        outs[cpre] = run_kernel(args, n_split)
     torch.cuda.synchronize()
     assert torch.equal(outs["0"], outs["32"])
     assert rel(outs["32"], reference(*args, SCALE)) < 1e-2
@@ -394,7 +307,7 @@ def test_mla_combine_mma_matches_reference(M, h, n_split, monkeypatch, seed):
     monkeypatch.setenv("K3FUSE_MLA_CMMA", "1")
     seen = _records_builds(monkeypatch)
     args = inputs(M, h, 700, [(37 * i + 5) % 699 for i in range(M)])
-    o = run_kernel(args, n_split=n_split, one=False)
+    o = run_kernel(args, n_split=n_split)
     torch.cuda.synchronize()
     assert [k.get("cmma") for k, _ in seen] == [True]
     assert torch.isfinite(o).all()
@@ -407,10 +320,10 @@ def _bitwise_with_knob(monkeypatch, var, base, value, args, n_split, built_key, 
     has `marker` (the variant ran) and, with `base`, one without the marker."""
     monkeypatch.setenv(var, base)
     seen = _records_builds(monkeypatch)
-    want = run_kernel(args, n_split=n_split, one=False)
+    want = run_kernel(args, n_split=n_split)
     assert len(seen) == 1 and marker not in seen[0][1]
     monkeypatch.setenv(var, value)
-    got = run_kernel(args, n_split=n_split, one=False)
+    got = run_kernel(args, n_split=n_split)
     torch.cuda.synchronize()
     assert len(seen) == 2 and bool(seen[1][0].get(built_key)) and marker in seen[1][1]
     assert torch.isfinite(got).all() and torch.equal(got, want)
@@ -446,11 +359,10 @@ def test_mla_combine_mma_tokens_bitwise(M, h, n_split, monkeypatch, seed):
 
 
 @pytest.mark.parametrize("M,T,seq_lens,h", [CASES[2] + (12,), CASES[3] + (6,), CASES[5] + (12,), CASES[8] + (6,)])
-@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
 @pytest.mark.parametrize("append", [False, True], ids=["plain", "append_gate"])
-def test_mla_early_loads_bitwise(M, T, seq_lens, h, one, append, monkeypatch, seed):
+def test_mla_early_loads_bitwise(M, T, seq_lens, h, append, monkeypatch, seed):
     """K3FUSE_MLA_EARLY=1 (qabsorb's q_pe, cache-row position and k_pe loaded with its first loads; the CUDA-core
-    combine's (max, sum) pairs in one pass): bitwise the default, three launches and one, the plain variant and the
+    combine's (max, sum) pairs in one pass): bitwise the default, the plain variant and the
     append + gate one (the cache after the append bitwise too), NaN-poisoned outputs, garbage past seq_lens."""
     from k3fuse.codegen import mla_attention as ma
     monkeypatch.setenv("K3FUSE_MLA_CMMA", "0")
@@ -466,7 +378,7 @@ def test_mla_early_loads_bitwise(M, T, seq_lens, h, one, append, monkeypatch, se
         monkeypatch.setenv("K3FUSE_MLA_EARLY", v)
         c = cache.clone()
         o = torch.full((M, h, V), float("nan"), device="cuda", dtype=bf if append else torch.float32)
-        ma.mla_attention(qn, qp, c, kv_b, sl, SCALE, out=o, one=one, heads=False, **kw)
+        ma.mla_attention(qn, qp, c, kv_b, sl, SCALE, out=o, heads=False, **kw)
         torch.cuda.synchronize()
         outs.append(o)
         caches.append(c)
@@ -500,7 +412,7 @@ def test_mla_combine_mma_pre_bitwise(M, h, gated, n_split, pre, monkeypatch, see
         monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", v)
         out = torch.full((M, h, V), float("nan"), device="cuda", dtype=odt or torch.float32)
         ma.mla_attention(qn, qp, cache.clone(), kv_b, sl, SCALE, out=out, n_split=n_split,
-                         append=(ckv, nw, 1e-6) if gated else None, gate=gate, out_dtype=odt, one=False, heads=False)
+                         append=(ckv, nw, 1e-6) if gated else None, gate=gate, out_dtype=odt, heads=False)
         torch.cuda.synchronize()
         outs.append(out)
     assert [bool(k.get("cmma")) for k, _ in seen] == [True, True]
@@ -519,11 +431,11 @@ def test_mla_combine_mma_append_gate_and_graph(h, gated, monkeypatch, seed):
     check_append(40, 701, sl, h, gated, heads=False, splits=(4, 1))
     assert [k.get("cmma") for k, _ in seen] == [True]
     args = inputs(24, h, 300, [(13 * i + 7) % 299 for i in range(24)])
-    want = run_kernel(args, n_split=16, one=False)
+    want = run_kernel(args, n_split=16)
     out = torch.empty_like(want)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        ma.mla_attention(*args, SCALE, out=out, n_split=16, one=False, heads=False)
+        ma.mla_attention(*args, SCALE, out=out, n_split=16, heads=False)
     out.fill_(float("nan"))
     g.replay()
     torch.cuda.synchronize()
@@ -533,10 +445,9 @@ def test_mla_combine_mma_append_gate_and_graph(h, gated, monkeypatch, seed):
 @pytest.mark.parametrize("M,T,seq_lens", [CASES[1], CASES[3], CASES[5], CASES[8]])
 @pytest.mark.parametrize("h", [6, 12, 16])
 @pytest.mark.parametrize("pipe", ["0", "1"])
-@pytest.mark.parametrize("one", [False, True], ids=["three_launches", "one_launch"])
-def test_mla_pv_mma_matches_reference(M, T, seq_lens, h, pipe, one, monkeypatch, seed):
+def test_mla_pv_mma_matches_reference(M, T, seq_lens, h, pipe, monkeypatch, seed):
     """K3FUSE_MLA_PVMMA (the split kernel's PV step on tensor cores; default 1 since session 34): the reference's
-    answer with and without the tile pipeline, three launches and one, padded heads (12 of an n-tile of 16), ragged
+    answer with and without the tile pipeline, padded heads (12 of an n-tile of 16), ragged
     seq_lens with garbage past them, outputs NaN-poisoned, the launched source with / without the PV MMAs; and within
     1e-4 of the CUDA-core PV step: the cache is bf16 in both and p = hi + lo as bf16 halves is off by <= 2^-18 (~4e-6)
     of p, so the two differ by that and the fp32 sums' order; 1e-4 leaves a ~25x margin."""
@@ -548,7 +459,7 @@ def test_mla_pv_mma_matches_reference(M, T, seq_lens, h, pipe, one, monkeypatch,
     for on in ("0", "1"):
         monkeypatch.setenv("K3FUSE_MLA_PVMMA", on)
         assert ma.pv_mma(ma.padded_heads(h), R, C) == (on == "1")
-        outs.append(run_kernel(args, one=one))
+        outs.append(run_kernel(args))
         torch.cuda.synchronize()
     assert [("PMT = " in src) for _, src in seen] == [False, True]
     assert torch.isfinite(outs[1]).all()
