@@ -582,7 +582,7 @@ def main(argv=None):
     ap.add_argument("--tune", action="store_true", help="time every candidate config (else the table's / default)")
     ap.add_argument("--tune-ms", default="", help="batch sizes to tune (the others in --ms are verified)")
     ap.add_argument("--families", default="gemv")
-    ap.add_argument("--variants", default="", help="--tune: only these GEMV variants (e.g. wgmma,mma_sk) + the table's")
+    ap.add_argument("--variants", default="", help="--tune: only these GEMV variants (e.g. wgmma) + the table's")
     ap.add_argument("--workers", type=int, default=min(14, os.cpu_count() or 2))
     ap.add_argument("--only-small", action="store_true",
                     help="only the PDL on/off comparison on the 11 MB shapes (same as --families pdl)")

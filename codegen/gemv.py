@@ -25,7 +25,7 @@ from . import knobs
 log = logging.getLogger("k3fuse.codegen")
 
 FAMILY = "gemv"
-VARIANTS = ("simt", "mma", "mma_sk", "wgmma")
+VARIANTS = ("simt", "mma", "wgmma")
 
 
 def _divisors(n: int, options) -> list[int]:
@@ -55,73 +55,9 @@ def supports(N: int, K: int, bucket: Optional[int], cfg: Optional[dict] = None) 
                 return "more than 1024 threads per CTA"
             if cfg["W"] * bn * max(1, bucket // 8) * 8 * 4 > 48 * 1024:
                 return "reduction buffer over 48 KiB of shared memory"
-        if cfg["variant"] == "mma_sk":
-            return sk_supports(N, K, bucket, cfg)
         if cfg["variant"] == "wgmma":
             return wg_supports(N, K, bucket, cfg)
     return None
-
-
-# ------------------------------------------------------------------------------------------ split-K (mma_sk)
-SK_MIN_BUCKET = 16     # below, gemv_mma / simt run near the copy bandwidth (tuning table); the gap is at M = 32-64
-SK_SUBS = (256, 128)   # k per shared-memory sub-chunk: BM x (SUB + 32) bf16 <= 36 KiB at BM = 64
-
-
-def sk_supports(N: int, K: int, bucket: int, cfg: dict) -> Optional[str]:
-    """None if the split-K variant (templates/gemv_mma_sk.py.jinja) takes this config, else why not."""
-    WN, KS, SUB = cfg["WN"], cfg["KS"], cfg["SUB"]
-    if bucket < SK_MIN_BUCKET:
-        return f"mma_sk needs bucket >= {SK_MIN_BUCKET} (not {bucket})"
-    if cfg.get("pdl"):
-        return "mma_sk has no L2-prefetch (pdl=1) prologue"
-    if N % 16:
-        return f"N={N} not a multiple of 16"
-    if SUB not in SK_SUBS or K % (KS * SUB):
-        return f"K={K} not a multiple of KS * SUB = {KS} * {SUB} (SUB one of {SK_SUBS})"
-    if not 1 <= WN <= 8:
-        return f"WN={WN} outside 1..8 warps (the split sums reuse the x buffer: 16 WN <= SUB + 32)"
-    if cfg.get("PF", 0) not in (0, 1):
-        return f"PF must be 0 or 1, not {cfg['PF']!r}"
-    return None
-
-
-def sk_config(N: int, K: int, bucket: int, WN: int, KS: int, PF: int = 0) -> Optional[dict]:
-    """The split-K config with WN warps and KS splits (the larger sub-chunk that divides a split), or None. PF = 1:
-    each warp first bulk-prefetches its rows of the CTA's K slice into L2 (off by default: the same prefetch in the
-    GEMVs, each CTA its own rows, measured +4..+13 us per layer in session 7, PERF_NOTES.md)."""
-    SUB = next((s for s in SK_SUBS if K % (KS * s) == 0), None)
-    cfg = {"variant": "mma_sk", "WN": WN, "KS": KS, "SUB": SUB or SK_SUBS[-1], "PF": int(PF)}
-    return cfg if SUB and sk_supports(N, K, bucket, cfg) is None else None
-
-
-def sk_splits(K: int) -> list[int]:
-    """The split counts that leave every split a whole number of the smaller sub-chunk."""
-    n = K // SK_SUBS[-1]
-    return [d for d in range(1, n + 1) if n % d == 0] if K % SK_SUBS[-1] == 0 else []
-
-
-SK_GRID = 132     # the tuner's split-K candidates: grids of SK_GRID / 2 .. 4 * SK_GRID CTAs (132 SMs on an H200)
-SK_KC_MAX = 512   # the default's k per CTA (a first guess, not measured; PERF_NOTES.md "After session 18")
-
-
-def sk_default(N: int, K: int, bucket: int) -> Optional[dict]:
-    """The split-K config used where nothing is tabled (K3FUSE_GEMV_SPLITK=1). 4 warps (64 rows per CTA), so that
-    several CTAs fit on an SM and overlap each other's load latency (168 registers at bucket 64: 3 CTAs; ptxas,
-    tests/test_codegen_compile.py). The fewest
-    splits that leave each CTA at most SK_KC_MAX k: a CTA runs its sub-chunks one after another (load, barrier,
-    MMAs, barrier), so a long K slice is a long chain of exposed latencies."""
-    WN = 4 if N >= 64 else max(1, N // 16)
-    splits = sk_splits(K)
-    KS = next((d for d in splits if K // d <= SK_KC_MAX), splits[-1] if splits else 1)
-    return sk_config(N, K, bucket, WN, KS)
-
-
-def sk_forced(N: int, K: int, bucket: int) -> Optional[dict]:
-    """K3FUSE_GEMV_SPLITK=1: the split-K variant at every bucket >= SK_MIN_BUCKET where it applies (an A/B knob; on
-    the H200, session 19, correct but slower than cuBLAS on 13 of 14 K3 shape x bucket cases); otherwise None."""
-    if knobs.env("K3FUSE_GEMV_SPLITK") != "1" or bucket < SK_MIN_BUCKET:
-        return None
-    return sk_default(N, K, bucket)
 
 
 # ------------------------------------------------------------------------------------------ TMA + wgmma (wgmma)
@@ -260,13 +196,6 @@ def candidates(N: int, K: int, bucket: int) -> list[dict]:
             c = {"variant": "mma", "W": W, "U": U, "WN": WN, "RT": RT, "KB": KB}
             if W * U <= max(S, 2) and supports(N, K, bucket, c) is None:
                 out.append(c)
-    if bucket >= SK_MIN_BUCKET:                     # split-K: 4 or 8 warps, grids of ~0.5-4 waves over 132 SMs
-        for WN in (4, 8):
-            tiles = -(-N // (16 * WN))
-            for KS in sk_splits(K):
-                c = sk_config(N, K, bucket, WN, KS)
-                if c is not None and SK_GRID // 2 <= tiles * KS <= 4 * SK_GRID:
-                    out += [c, dict(c, PF=1)]
     d = default_config(N, K, bucket)
     if d not in out:
         out.append(d)
@@ -291,13 +220,13 @@ def _pdl_bases(N: int, K: int, bucket: int, cands: list[dict], most: int = 4) ->
     out = []
     for c in first + [default_config(N, K, bucket)] + [c for c in _PDL_USUAL if c in cands]:
         c = {k: v for k, v in c.items() if k != "pdl"}
-        if c["variant"] != "mma_sk" and c not in out and supports(N, K, bucket, c) is None:
+        if c not in out and supports(N, K, bucket, c) is None:
             out.append(c)
     return out[:most]
 
 
 _CFG_KEYS = {"simt": ("variant", "R", "W"), "mma": ("variant", "W", "U", "WN", "RT", "KB"),
-             "mma_sk": ("variant", "WN", "KS", "SUB", "PF"), "wgmma": ("variant", "KS", "ST", "BN")}
+             "wgmma": ("variant", "KS", "ST", "BN")}
 _CFG_DEFAULTS = {"WN": 1, "RT": 1, "KB": 0, "PF": 0, "BN": 64}
 
 
@@ -344,7 +273,7 @@ def route(N: int, K: int, M: int, gpu: Optional[str] = None,
     why = supports(N, K, bucket)
     if why:
         return None, why
-    forced = sk_forced(N, K, bucket) or wg_forced(N, K, bucket, arch)
+    forced = wg_forced(N, K, bucket, arch)
     if forced is not None:
         return _with_gather(forced), ""
     cfg = tuning.lookup(FAMILY, (N, K), bucket, gpu)
@@ -370,9 +299,6 @@ PF_CHUNK = 8192
 def template_params(N: int, K: int, bucket: int, cfg: dict) -> dict:
     # PDL / PF_CHUNK are passed only with pdl=1 (the templates default PDL to off): see the module docstring
     pdl = dict(PDL=True, PF_CHUNK=PF_CHUNK) if cfg.get("pdl") else {}
-    if cfg["variant"] == "mma_sk":
-        return dict(N=N, K=K, BM=bucket, NT=bucket // 8, WN=cfg["WN"], KS=cfg["KS"], SUB=cfg["SUB"],
-                    PF=bool(cfg.get("PF", 0)))
     if cfg["variant"] == "wgmma":
         return dict(N=N, K=K, BM=bucket, KS=cfg["KS"], ST=cfg["ST"], BN=cfg.get("BN", 64),
                     **({"GL": True} if cfg.get("GL") else {}))      # absent when off: the same source
@@ -543,27 +469,8 @@ def linear(x, w, cfg: Optional[dict] = None, out=None):
     cfg = cfg or config_for(N, K, bucket)
     k = build(N, K, bucket, cfg)
     y = out if out is not None else torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if cfg["variant"] == "mma_sk" and cfg["KS"] > 1:    # fp32 partials per split + the row tiles' arrival counters
-        ws = torch.empty(cfg["KS"], bucket, N, dtype=torch.float32, device=x.device)
-        k(x, w, y, ws, sk_counters(x.device, -(-N // (16 * cfg["WN"]))))
-    else:
-        k(x, w, y)
+    k(x, w, y)
     return y
-
-
-# The split-K kernels' arrival counters: int32 per row tile, zero between launches (each tile's last CTA re-arms its
-# own). One buffer per (device, stream, size): launches on one stream are ordered (under the PDL chain a kernel
-# touches them only after its wait for the previous grid), and a side stream gets its own.
-_sk_counters: dict = {}
-
-
-def sk_counters(device, n: int):
-    import torch
-    key = (device, torch.cuda.current_stream(device).cuda_stream, n)
-    c = _sk_counters.get(key)
-    if c is None:
-        c = _sk_counters[key] = torch.zeros(n, dtype=torch.int32, device=device)
-    return c
 
 
 # ------------------------------------------------------------------------------------------ grouped GEMV
@@ -589,9 +496,8 @@ def group_supports(Ns, K: int, bucket: Optional[int], cfg: Optional[dict] = None
         return f"{len(Ns)} members (grouped kernels take 2..{GROUP_MAX})"
     if min(Ns) < 1:
         return "an empty member"
-    if cfg is not None and cfg.get("variant") in ("mma_sk", "wgmma"):
-        name = {"mma_sk": "split-K", "wgmma": "wgmma"}[cfg["variant"]]
-        return f"the {name} variant has no grouped form (one launch per member)"
+    if cfg is not None and cfg.get("variant") == "wgmma":
+        return "the wgmma variant has no grouped form (one launch per member)"
     # rows past a member's end (a partial last CTA, even a whole 16-row tile of it) re-read the member's last row
     # and are not stored, so any member size works with any config the concatenated shape supports
     return supports(_group_rows(Ns), K, bucket, cfg)

@@ -59,8 +59,6 @@ def template_params(d: int, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound:
         p.update(WV=2, KC=int(fused["kc"]), FK=int(fused["fk"]), FV=8 if fdt == "BFloat16" else 4,
                  NEWEST_LAST=bool(fused["newest_last"]), XDT=_dtname(fused["x"]), FDT=fdt,
                  GDT=_dtname(fused["g"]), ODT=_dtname(fused["o"]), EPS=repr(float(fused["eps"])), ADT=fdt)
-        if fa_smem() and p["FK"] // p["FV"] <= 32:       # only when set: the default source stays as it was
-            p.update(FA_SMEM=True, WFA=nwarps - 1)
         if stamps_on():
             p.update(STAMPS=True)
     return p
@@ -74,15 +72,6 @@ def stamps_on() -> bool:
 
 
 STAMP_BUFS = collections.deque(maxlen=64)   # the stamp buffers of the last launches with stamps, oldest first
-
-
-def fa_smem() -> bool:
-    """K3FUSE_KDA_FA_SMEM=1: the fused kernel stages fa in shared memory (one warp loads it, one barrier) instead
-    of every lane loading its chunks into registers. In the sm_90a SASS (read on the CPU, session 6) this lets
-    ptxas issue the S-row loads with the conv / f_b loads, before the first barrier (expected: one DRAM round trip
-    where the default has two; not timed). Opt-in: compiled in CI, not yet run on a GPU
-    (benchmarks/validate_pending.sh). Read at render time, like K3FUSE_PDL_CHAIN."""
-    return knobs.env("K3FUSE_KDA_FA_SMEM") == "1"
 
 
 def decode_lpr() -> int:
@@ -129,7 +118,7 @@ def build(d: int = 128, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound: flo
     arch = arch or current_arch()
     fkey = tuple(sorted((k, str(v)) for k, v in fused.items())) if fused else None
     memo = (d, _dtname(a_dtype), _dtname(b_dtype), float(lower_bound), lpr, arch, load, fkey,
-            bool(fused) and stamps_on(), bool(fused) and fa_smem(), knobs.key(FAMILY))
+            bool(fused) and stamps_on(), knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
     src = render_source(d, a_dtype, b_dtype, lower_bound, lpr, fused=fused)

@@ -85,9 +85,6 @@ TABLE: tuple[Knob, ...] = (
     # --- measured variants (the default is the faster) -------------------------------------------------------------
     _K("K3FUSE_PDL_CHAIN", "1", "measured", (GEMV, FRN, KDA, MLA, MOE, TOPK),
        "the layer's kernels as a programmatic-dependent-launch chain (session 6: -10 us per layer at TP16 M = 1)"),
-    _K("K3FUSE_GEMV_SPLITK", "0", "measured", (GEMV,),
-       "1: the split-K mma GEMV at every bucket >= 16 where it applies (session 19: slower than cuBLAS on 13 of 14 "
-       "K3 cases; an A/B knob)"),
     _K("K3FUSE_GEMV_WGMMA", "0", "measured", (GEMV,),
        "1: the TMA + wgmma GEMM at buckets 16-64 everywhere it applies (session 36: the H200 table names it only at "
        "the 23 entries where it won)"),
@@ -109,8 +106,6 @@ TABLE: tuple[Knob, ...] = (
        "the top-k selection by a threshold and ranks; 0: k rounds of a block max (session 12: the group -2.4 us)"),
     _K("K3FUSE_KDA_LPR", "", "measured", (KDA,),
        "lanes per S row of kda_decode, 1, 2 or 4 (unset: DEFAULT_LPR = 2; session 12: 4 alike, 1 slower)"),
-    _K("K3FUSE_KDA_FA_SMEM", "0", "measured", (KDA,),
-       "1: kda_decode stages fa in shared memory (session 7: 6.0 -> 6.3 us, slower)"),
     _K("K3FUSE_MLA_MMA", "1", "measured", (MLA,), "the split kernel's score step on tensor cores (session 16)"),
     _K("K3FUSE_MLA_PVMMA", "1", "measured", (MLA,), "the split kernel's PV step on tensor cores (session 34)"),
     _K("K3FUSE_MLA_PIPE", "", "measured", (MLA,),
@@ -211,6 +206,9 @@ REMOVED: dict[str, str] = {
     "K3FUSE_MLA_ONE_KERNEL": "session 39: the MLA attention's three kernels as one launch with two grid barriers "
                              "(sessions 15-23: slower at TP16 and TP8)",
     "K3FUSE_MLA_ONE_PREFETCH": "session 39: that one launch's L2 prefetch",
+    "K3FUSE_GEMV_SPLITK": "session 39: the split-K mma GEMV (gemv_mma_sk; session 19: slower than cuBLAS on 13 of 14 "
+                          "K3 cases at M = 16-64, where the wgmma GEMM now runs)",
+    "K3FUSE_KDA_FA_SMEM": "session 39: kda_decode's fa staged in shared memory (session 7: 6.0 -> 6.3 us, slower)",
 }
 _BY_FAMILY: dict[str, tuple] = {f: tuple(k.name for k in TABLE if f in k.families) for f in FAMILIES}
 _reads: Optional[list] = None

@@ -24,7 +24,7 @@ def template_names() -> list[str]:
 
 
 # Kernel templates that take PDL_CHAIN (templates/_pdl_chain.jinja): the single-GPU decode layer's kernels.
-PDL_CHAIN_TEMPLATES = frozenset({"gemv_simt.py.jinja", "gemv_mma.py.jinja", "gemv_mma_sk.py.jinja",
+PDL_CHAIN_TEMPLATES = frozenset({"gemv_simt.py.jinja", "gemv_mma.py.jinja",
                                  "gemv_wgmma.py.jinja",
                                  "fused_residual_norm_mixnorm.py.jinja",
                                  "fused_residual_norm_onekernel.py.jinja",

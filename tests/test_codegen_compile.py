@@ -668,7 +668,6 @@ def _layer_kernel_sources():
         "gemv_simt": gemv.render_source(7168, 768, 1, {"variant": "simt", "R": 2, "W": 8})[1],
         "gemv_mma": gemv.render_source(7168, 768, 8, {"variant": "mma", "W": 4, "U": 2, "WN": 1, "RT": 1, "KB": 1})[1],
         "gemv_group": gemv.render_group_source([768, 768, 1536], 7168, 1)[1],
-        "gemv_mma_sk": gemv.render_source(7168, 3584, 64, gemv.sk_default(7168, 3584, 64))[1],
         "gemv_wgmma": gemv.render_source(768, 7168, 64, gemv.wg_default(768, 7168, 64))[1],
         "mixnorm": frn.render_mixnorm(7168, 2, False, True, True, False, 1e-5, 1e-5, wm_pair=True),
         "kda": kr.render_source(128, "bfloat16", "bfloat16", -5.0, 2, fused=fused_kda),
@@ -736,86 +735,8 @@ def test_pdl_chain_ptx_waits_before_global_access(arch, monkeypatch):
             mem = [m.start() for m in re.finditer(r"\b(?:ld|st)\.global", entry)]
             assert wait >= 0 and (not mem or wait < min(mem)), name
             if name.startswith("gemv"):     # the late trigger: after every weight / x load of the main loop
-                # (the split-K tail's partial loads, after its arrival, come after it: the next grid waits anyway)
-                tail = entry.find("atom.global") if name == "gemv_mma_sk" else -1
-                last = entry.rfind("ld.global", 0, tail if tail >= 0 else len(entry))
+                last = entry.rfind("ld.global")
                 assert last < entry.find("griddepcontrol.launch_dependents"), name
-
-
-# the split-K variant (mma_sk): (N, K, bucket, WN, KS, PF); KS = 1 stores y directly, KS > 1 through the workspace
-SK_CASES = [(7168, 3584, 64, 8, 4, 0), (768, 7168, 32, 8, 28, 1), (7168, 384, 16, 4, 1, 1), (2320, 1536, 64, 8, 12, 0)]
-
-
-@pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("N,K,b,WN,KS,PF", SK_CASES)
-def test_gemv_splitk_compiles(arch, N, K, b, WN, KS, PF):
-    """Per sub-chunk: U = SUB / 32 k-steps x NT n-tiles x 2 m16n8k16 MMAs, one 16-byte shared load per (k-step,
-    n-tile); weights, x and (in the last CTA's sums) the fp32 partials as 16-byte global loads, y then in 16-byte
-    stores;
-    the arrival counter only with KS > 1; the slice's L2 bulk prefetch (before the PDL wait) only with PF = 1; no
-    local memory."""
-    cfg = gemv.sk_config(N, K, b, WN, KS, PF)
-    assert cfg is not None and gemv.supports(N, K, b, cfg) is None
-    k = gemv.build(N, K, b, cfg, arch=arch, load=False)
-    ptx = ptx_of(k)
-    U, NT = cfg["SUB"] // 32, b // 8
-    assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16\.row\.col\.f32\.bf16\.bf16\.f32", ptx)) == U * NT * 2
-    BN = 16 * WN
-    tail = -(-b * (BN // 8) // (32 * WN)) if KS > 1 else 0     # the split sums' y stores, out of shared memory
-    assert len(re.findall(r"ld\.shared\.v4\.b32", ptx)) == U * NT + tail
-    loads = global_loads(ptx)
-    assert loads and all(is_128bit(l) for l in loads), loads     # weights, x, and the fp32 partials (4 per load)
-    assert ("st.global.v4.b32" in ptx) == (KS > 1)
-    assert bool(re.search(r"atom\.global\.acq_rel(\.gpu)?\.add", ptx)) == (KS > 1)   # no scope: .gpu (PTX's default)
-    assert ("fence.acq_rel.gpu" in ptx) == (KS > 1)
-    # the weight slice's L2 prefetch, ahead of the PDL wait (the chain is on by default)
-    assert ("cp.async.bulk.prefetch.L2" in ptx) == bool(PF)
-    assert ptx.find("cp.async.bulk.prefetch.L2") < ptx.find("griddepcontrol.wait")
-    assert "ld.local" not in ptx and "st.local" not in ptx
-
-
-@pytest.mark.parametrize("N,K,b,WN,KS", [(7168, 3584, 64, 4, 7), (768, 7168, 64, 8, 56), (7168, 384, 32, 4, 1)])
-def test_gemv_splitk_no_spills(N, K, b, WN, KS, tmp_path, capfd):
-    """ptxas remarks (sm_90a): no spills, also with 56 splits (the last CTA holds KS x 4 fp32 partials per thread);
-    the default at bucket 64 (4 warps) within 168 registers, so that 3 CTAs fit on an SM (65536 registers)."""
-    import cutlass.cute as cute
-    cfg = gemv.sk_config(N, K, b, WN, KS)
-    mod = kcompile._import_source(gemv.render_source(N, K, b, cfg)[1], f"sk_spills_{N}_{K}_{b}_{KS}", tmp_path)
-    capfd.readouterr()
-    cute.compile(mod.ENTRY, *mod.fake_args(), options="--gpu-arch sm_90a --enable-tvm-ffi remarks{ptx}")
-    out = "".join(capfd.readouterr())
-    regs = [int(x) for x in re.findall(r"Used (\d+) registers", out)]
-    assert len(regs) == 1 and "0 bytes spill stores, 0 bytes spill loads" in out, out[-2000:]
-    if cfg == gemv.sk_default(N, K, b):
-        assert regs[0] <= 168, regs
-
-
-def test_gemv_splitk_configs_and_route(monkeypatch):
-    """The split-K variant's rules: supported from bucket 16 with K a multiple of KS * SUB and no pdl prologue;
-    the default takes the fewest splits that leave a CTA at most SK_KC_MAX k; the tuner's candidates hold it from bucket 16
-    only (never with pdl=1); K3FUSE_GEMV_SPLITK=1 routes k3fuse::linear to it from bucket 16, while a grouped GEMV
-    declines it (its members then launch one by one)."""
-    assert gemv.sk_supports(7168, 3584, 8, {"WN": 8, "KS": 1, "SUB": 256})           # bucket < 16
-    assert gemv.sk_supports(7168, 3584, 64, {"WN": 8, "KS": 3, "SUB": 256})          # 3584 % 768
-    assert gemv.sk_supports(7168, 3584, 64, {"WN": 8, "KS": 4, "SUB": 128, "pdl": 1})
-    assert gemv.sk_supports(7168, 3584, 64, {"WN": 8, "KS": 4, "SUB": 128}) is None
-    for N, K in ((7168, 3584), (3584, 7168), (768, 7168), (7168, 384)):
-        d = gemv.sk_default(N, K, 64)
-        assert K // d["KS"] <= gemv.SK_KC_MAX and K % (d["KS"] * d["SUB"]) == 0
-        assert all(K // s > gemv.SK_KC_MAX for s in gemv.sk_splits(K) if s < d["KS"])     # the fewest such splits
-    assert gemv.sk_default(7168, 3584, 64) == {"variant": "mma_sk", "WN": 4, "KS": 7, "SUB": 256, "PF": 0}
-    assert not [c for c in gemv.candidates(7168, 3584, 8) if c["variant"] == "mma_sk"]
-    sk = [c for c in gemv.candidates(7168, 3584, 64) if c["variant"] == "mma_sk"]
-    assert sk and all(gemv.supports(7168, 3584, 64, c) is None and not c.get("pdl") for c in sk)
-    assert {c["PF"] for c in sk} == {0, 1} and gemv.sk_default(7168, 3584, 64)["PF"] == 0
-    monkeypatch.delenv("K3FUSE_GEMV_SPLITK", raising=False)
-    assert (gemv.route(7168, 3584, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "mma_sk"
-    monkeypatch.setenv("K3FUSE_GEMV_SPLITK", "1")
-    assert gemv.route(7168, 3584, 64, gpu="nvidia_h200")[0] == gemv.sk_default(7168, 3584, 64)
-    assert gemv.route(7168, 3584, 17)[0] == gemv.sk_default(7168, 3584, 32)
-    assert gemv.route(7168, 3584, 8, gpu="nvidia_h200")[0]["variant"] == "mma"
-    cfg, why = gemv.group_route([3584, 768], 7168, 64)
-    assert cfg is None and "split-K" in why
 
 
 # the TMA + wgmma variant (sm_90a only): (N, K, bucket, KS, ST, BN); N = 3216 leaves a partial last row tile, KS > 1

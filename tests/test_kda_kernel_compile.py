@@ -99,7 +99,6 @@ FUSED_K3 = dict(kc=4, fk=128, newest_last=True, x="bfloat16", f="bfloat16", g="b
 def test_kda_decode_kernel_compiles(arch, fused, capfd, tmp_path, monkeypatch):
     """The fused variant (k3fuse::kda_decode): the S row still moves in 128-bit loads / stores, f_b in 128-bit
     loads, no local memory; the conv state writes are the window shift (K - 1 per channel)."""
-    monkeypatch.delenv("K3FUSE_KDA_FA_SMEM", raising=False)      # the default kernel (the opt-in one: below)
     d, lpr = 128, kr.DEFAULT_LPR
     k = kr.build(d, "bfloat16", "bfloat16", -5.0, arch=arch, load=False, fused=fused)
     ptx = open(k.files["kernel.ptx"]).read()
@@ -120,7 +119,6 @@ def test_kda_decode_lanes_per_row_knob_compiles(arch, lpr, monkeypatch):
     """K3FUSE_KDA_LPR (decode_lpr()): the fused kernel at 1 or 4 lanes per S row (128 / 512 threads) keeps its S row
     in 128-bit loads / stores (d / 4 / lpr chunks per lane) and no local memory; the knob reaches launch_ok_decode's
     check and the built kernel."""
-    monkeypatch.delenv("K3FUSE_KDA_FA_SMEM", raising=False)
     monkeypatch.setenv("K3FUSE_KDA_LPR", str(lpr))
     assert kr.decode_lpr() == lpr
     k = kr.build(128, "bfloat16", "bfloat16", -5.0, lpr=kr.decode_lpr(), arch=arch, load=False, fused=FUSED_K3)
@@ -154,45 +152,3 @@ def test_kda_decode_supports_and_fallback_on_cpu():
     assert "conv state" in kr.launch_ok_decode(*args[:3], args[3][:, :2], *args[4:], bf)
 
 
-@pytest.mark.parametrize("arch", ["sm_90a"])
-def test_kda_decode_fa_smem_issues_wide_loads_first(arch, monkeypatch):
-    """K3FUSE_KDA_FA_SMEM=1 (opt-in): fa staged in shared memory. In the SASS no FFMA precedes the last 128-bit
-    global load (the S row, the f_b row: one DRAM round trip); the default fused kernel issues the S row after the
-    f_b products (FFMAs first: two round trips, PERF_NOTES session 6)."""
-    import subprocess
-    from test_codegen_compile import _nvdisasm
-    nd = _nvdisasm()
-
-    def ffma_before_last_wide_load(src):
-        k = kcompile.compile_source(src, arch, load=False)
-        ptx = open(k.files["kernel.ptx"]).read()
-        assert "ld.local" not in ptx and "st.local" not in ptx
-        if nd is None:
-            pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
-        sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True,
-                              check=True).stdout
-        wide = [m.start() for m in re.finditer(r"LDG\.E\.128", sass)]
-        assert len(wide) >= 128 // 4 // kr.DEFAULT_LPR
-        return len(re.findall(r"\bFFMA\b", sass[:max(wide)]))
-
-    monkeypatch.delenv("K3FUSE_KDA_FA_SMEM", raising=False)
-    default = kr.render_source(128, "bfloat16", "bfloat16", -5.0, fused=FUSED_K3)
-    assert "FA_SMEM" not in default
-    monkeypatch.setenv("K3FUSE_KDA_FA_SMEM", "1")
-    staged = kr.render_source(128, "bfloat16", "bfloat16", -5.0, fused=FUSED_K3)
-    assert "FA_SMEM=True" in staged
-    # build's memo follows the variable within one process (it is read at render)
-    on = kr.build(128, "bfloat16", "bfloat16", -5.0, arch=arch, load=False, fused=FUSED_K3)
-    monkeypatch.delenv("K3FUSE_KDA_FA_SMEM")
-    off = kr.build(128, "bfloat16", "bfloat16", -5.0, arch=arch, load=False, fused=FUSED_K3)
-    assert on.source == staged and off.source == default and on.key != off.key
-    monkeypatch.setenv("K3FUSE_KDA_FA_SMEM", "1")
-    # the other fused variant of the compile test above, and sm_100a: compiles, no local memory
-    other = dict(FUSED_K3, newest_last=False, x="float32", f="float32", o="float32", kc=3, fk=64)
-    for fz, a2 in ((other, "sm_90a"), (FUSED_K3, "sm_100a")):
-        src = kr.render_source(128, "bfloat16", "bfloat16", -5.0, fused=fz)
-        assert "FA_SMEM=True" in src
-        ptx = open(kcompile.compile_source(src, a2, load=False).files["kernel.ptx"]).read()
-        assert "ld.local" not in ptx and "st.local" not in ptx
-    assert ffma_before_last_wide_load(staged) == 0
-    assert ffma_before_last_wide_load(default) > 0

@@ -153,22 +153,6 @@ def test_kda_decode_matches_reference(M, h, xdt, fdt, odt, newest, seed):
     assert rel(o, ro) < (1e-2 if odt == torch.bfloat16 else 1e-4)
 
 
-@pytest.mark.parametrize("M,h", [(1, 6), (3, 12), (64, 6)])
-@pytest.mark.parametrize("xdt,fdt,odt,newest", [(torch.bfloat16, torch.bfloat16, torch.bfloat16, True),
-                                                 (torch.float32, torch.float32, torch.float32, False)])
-def test_kda_decode_fa_smem_matches_reference(M, h, xdt, fdt, odt, newest, seed, monkeypatch):
-    """The opt-in K3FUSE_KDA_FA_SMEM=1 kernel (fa staged in shared memory) against the reference, as above; the
-    kernel memos are cleared before and after so that no other test gets this variant."""
-    from k3fuse.codegen import compile as kcompile
-    monkeypatch.setenv("K3FUSE_KDA_FA_SMEM", "1")
-    kcompile.clear_memo()
-    try:
-        test_kda_decode_matches_reference(M, h, xdt, fdt, odt, newest, seed)
-    finally:
-        monkeypatch.delenv("K3FUSE_KDA_FA_SMEM")
-        kcompile.clear_memo()
-
-
 def test_kda_decode_cuda_impl_in_graph(seed):
     """The registered CUDA impl (torch.ops.k3fuse.kda_decode) replayed in a CUDA graph on new inputs each time."""
     from k3fuse import ops
