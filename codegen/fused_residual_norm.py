@@ -267,7 +267,8 @@ def build_one(H, K, nb, has_addend=False, has_prefix=True, fp32_norm=False, mix_
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = ("one", H, K, nb, bool(has_addend), bool(has_prefix), bool(fp32_norm), float(mix_eps), float(norm_eps),
-            bool(wm_pair), arch, load, knobs.key(FAMILY), one_spin_ns(), one_lean_tail(), one_preload(), stamps_on(), bm)   # bm last: tests
+            bool(wm_pair), arch, load, knobs.key(FAMILY), one_spin_ns(), one_lean_tail(), one_preload(), stamps_on(),
+            bm)   # bm last: tests
     if memo in _built:
         return _built[memo]
     src = render(ONE_TEMPLATE, **one_params(H, K, nb, has_addend, has_prefix, fp32_norm, mix_eps, norm_eps, wm_pair,

@@ -68,10 +68,11 @@ TABLE: tuple[Knob, ...] = (
     _K("K3FUSE_MLA_HEADS", "", "path", (MLA,),
        "1 / 0: the per-head MLA kernel (q_b, qabsorb, split and combine in one launch) wherever it applies / "
        "nowhere; unset: HEADS_BY_HEADS (TP16 M = 1, 2)"),
-    _K("K3FUSE_MLA_QB", "1", "path", (MLA,), "0: the per-head MLA kernel does not compute q itself (q_b launched apart)"),
+    _K("K3FUSE_MLA_QB", "1", "path", (MLA,),
+       "0: the per-head MLA kernel does not compute q itself (q_b launched apart)"),
     _K("K3FUSE_INKERNEL_COLLECTIVES", "", "path", (),
        "1: the registry may route all-reduce / all-gather to the in-kernel one-shot kernels over peer buffers "
-       "(multi-GPU; not measured across GPUs)"),
+       "(multi-GPU; opt-in: only TP = 2 has run across GPUs)"),
     _K("K3FUSE_VLLM_MAX_TOKENS", "", "path", (),
        "the vLLM pass applies only to compile ranges up to this many tokens (unset: every range)"),
     # --- settings -----------------------------------------------------------------------------------------------
@@ -95,7 +96,8 @@ TABLE: tuple[Knob, ...] = (
        "(session 27)"),
     _K("K3FUSE_FRN_LEAN_TAIL", "1", "measured", (FRN,),
        "the one-launch kernel's barrier tail without the per-thread fence (session 12: -0.3..-0.4 us per kernel)"),
-    _K("K3FUSE_FRN_SPIN_NS", "64", "measured", (FRN,), "the one-launch barrier's sleep between polls (0 / 64 / 256: alike)"),
+    _K("K3FUSE_FRN_SPIN_NS", "64", "measured", (FRN,),
+       "the one-launch barrier's sleep between polls (0 / 64 / 256: alike)"),
     _K("K3FUSE_FRN_PRELOAD", "", "measured", (FRN,),
        "0 / 1 / 2: how the one-launch projection orders its loads (unset: PRELOAD_DEFAULT = 1, every weight load "
        "first)"),
@@ -115,7 +117,8 @@ TABLE: tuple[Knob, ...] = (
        "0 / 1 / 2: the split kernel's cp.async tile ring (unset: ASYNC_BY_HEADS, h = 6 buckets 16-64; session 37: "
        "-3..-8 us there, +9..+14 at h = 12)"),
     _K("K3FUSE_MLA_CMMA", "", "measured", (MLA,),
-       "1 / 0: the combine on tensor cores (unset: from CMMA_MIN_BUCKET where it applies; sessions 33, 34)"),
+       "1 / 0: the combine on tensor cores from CMMA_MIN_BUCKET / nowhere (unset: CMMA_BY_HEADS; sessions 33, "
+       "34, 37)"),
     _K("K3FUSE_MLA_CMMA_TOK", "", "measured", (MLA,),
        "8 / 4: tokens per CTA of the tensor-core combine (unset: CMMA_TOK_BY_HEADS; session 37)"),
     _K("K3FUSE_MLA_CPRE", "", "measured", (MLA,),
@@ -128,7 +131,8 @@ TABLE: tuple[Knob, ...] = (
        "else 2; a launch-time value)"),
     _K("K3FUSE_MLA_MIN_TILES", "", "measured", (),
        "the fewest 32-token tiles per split at M > 1 (unset: MIN_TILES_PER_SPLIT = 2; a launch-time value)"),
-    _K("K3FUSE_MLA_VS", "0", "measured", (MLA,), "the combine's row splits (0: the splits table's; a measurement knob)"),
+    _K("K3FUSE_MLA_VS", "0", "measured", (MLA,),
+       "the combine's row splits (0: the splits table's; a measurement knob)"),
     _K("K3FUSE_MLA_SCORE_HPT", "0", "measured", (MLA,),
        "heads per thread in the CUDA-core score step (0: the fewest that cover the heads; a measurement knob)"),
     _K("K3FUSE_MLA_HEADS_CL", "", "measured", (MLA,),
@@ -145,7 +149,8 @@ TABLE: tuple[Knob, ...] = (
     _K("K3FUSE_MOE_DOWN_MMA", "", "measured", (MOE,),
        "1 / 0: the routed down on tensor cores + a combine kernel (unset: the GPU table, else from "
        "DOWN_MMA_MIN_BUCKET)"),
-    _K("K3FUSE_MOE_DOWN_UD", "", "measured", (MOE,), "k-steps per load group of the tensor-core down (unset: 3; session 18)"),
+    _K("K3FUSE_MOE_DOWN_UD", "", "measured", (MOE,),
+       "k-steps per load group of the tensor-core down (unset: 3; session 18)"),
     _K("K3FUSE_MOE_DOWN_CTAS", "", "measured", (MOE,),
        "the tensor-core down's grid cap (unset: the table's, else DOWN_CTAS; session 33)"),
     _K("K3FUSE_MOE_UP_CTAS", "", "measured", (MOE,),
@@ -154,10 +159,11 @@ TABLE: tuple[Knob, ...] = (
        "1 / 0: the per-slot down loads all its W2 vectors ahead of its FMAs (unset: where AX_MEASURED lists)"),
     _K("K3FUSE_MOE_DOWN_WE", "1", "measured", (MOE,),
        "the tensor-core down's ballot member scan and per-warp epilogue (session 33: -34.5 us at TP8 M = 64)"),
-    _K("K3FUSE_MOE_UP_BALLOT", "1", "measured", (MOE,), "the tensor-core up's member scan by warp ballots (session 33)"),
+    _K("K3FUSE_MOE_UP_BALLOT", "1", "measured", (MOE,),
+       "the tensor-core up's member scan by warp ballots (session 33)"),
     _K("K3FUSE_MOE_MEMBER_LISTS", "1", "measured", (MOE,),
        "the up writes member lists that the down reads instead of scanning the ids (session 35: -0.7..-4.8 us)"),
-    # --- opt-in variants not yet run on a GPU (benchmarks/validate_pending.sh has each one's part) ---------------------
+    # --- opt-in variants not yet run on a GPU (benchmarks/validate_pending.sh has each one's part) --------------------
     _K("K3FUSE_WG_GATHER", "0", "unmeasured", (GEMV,),
        "1: the wgmma split-K cluster sum loads every peer value first (SASS chain 32 -> 2; s155)"),
     _K("K3FUSE_MLA_EARLY", "0", "unmeasured", (MLA,),
@@ -169,9 +175,11 @@ TABLE: tuple[Knob, ...] = (
     _K("K3FUSE_MOE_DOWN_RING", "0", "unmeasured", (MOE,),
        "1: the tensor-core down's W2 tiles through a two-slot cp.async ring (s151)"),
     # --- diagnostics ------------------------------------------------------------------------------------------------
-    _K("K3FUSE_FRN_STAMPS", "0", "diagnostic", (FRN,), "1: the one-launch kernel writes phase timestamps (frn_timeline.py)"),
+    _K("K3FUSE_FRN_STAMPS", "0", "diagnostic", (FRN,),
+       "1: the one-launch kernel writes phase timestamps (frn_timeline.py)"),
     _K("K3FUSE_KDA_STAMPS", "0", "diagnostic", (KDA,), "1: kda_decode writes phase timestamps (frn_timeline.py)"),
-    _K("K3FUSE_MLA_STAMPS", "0", "diagnostic", (MLA,), "1: the per-head kernel writes phase timestamps (mla_timeline.py)"),
+    _K("K3FUSE_MLA_STAMPS", "0", "diagnostic", (MLA,),
+       "1: the per-head kernel writes phase timestamps (mla_timeline.py)"),
 )
 KNOBS: dict[str, Knob] = {k.name: k for k in TABLE}
 
