@@ -30,7 +30,7 @@ def mixnorm_cluster() -> int:
     bounded the one-CTA kernel, C = 1). Measured on the H200 (session 9, benchmarks/mixnorm_bench.py, M = 1):
     3.96 -> 3.02 us at 3 blocks, 8.76 -> 3.74 us at 8; the layer 0.4-3 us faster than C = 1. Read when a kernel is
     rendered (and part of build_mix_norm's memo key)."""
-    c = int(knobs.env("K3FUSE_MIXNORM_CLUSTER") or 8)
+    c = knobs.integer("K3FUSE_MIXNORM_CLUSTER", 8)
     if not 1 <= c <= 8:
         raise ValueError(f"K3FUSE_MIXNORM_CLUSTER={c}: a cluster of 1..8 CTAs")
     return c
@@ -177,7 +177,7 @@ ONE_TIMEOUT_MS = 100     # a barrier this late (CTAs not co-resident) is an erro
 
 def one_spin_ns() -> int:
     """K3FUSE_FRN_SPIN_NS (default 64): the barrier's sleep between polls. Read when a kernel is rendered."""
-    return int(knobs.env("K3FUSE_FRN_SPIN_NS"))
+    return knobs.integer("K3FUSE_FRN_SPIN_NS", 64)
 
 
 def one_lean_tail() -> bool:
@@ -199,7 +199,7 @@ def one_preload() -> int:
     load first, x staged in shared memory behind a CTA barrier (which holds the FMAs back); 2: every weight load
     first, x loaded after a warp sync. 1 and 2 clamp indices instead of branching at M = 2..4. Read when a kernel is
     rendered."""
-    return int(knobs.env("K3FUSE_FRN_PRELOAD") or PRELOAD_DEFAULT)
+    return knobs.integer("K3FUSE_FRN_PRELOAD", int(PRELOAD_DEFAULT))
 
 
 def one_kernel_enabled() -> bool:
@@ -213,7 +213,7 @@ ONE_MAX_M_DEFAULT = 1   # the one launch at M = 2..4 measured slower in the laye
 def one_max_m() -> int:
     """K3FUSE_FRN_ONE_MAX_M (1, 2 or 4; default ONE_MAX_M_DEFAULT): the largest batch that takes the one-launch
     kernel (its bucket's rows share one pass over the weights and one grid barrier). Read at each launch."""
-    v = int(knobs.env("K3FUSE_FRN_ONE_MAX_M") or ONE_MAX_M_DEFAULT)
+    v = knobs.integer("K3FUSE_FRN_ONE_MAX_M", ONE_MAX_M_DEFAULT)
     if v not in (1, 2, 4):
         raise ValueError(f"K3FUSE_FRN_ONE_MAX_M={v}: 1, 2 or 4 (<= ONE_MAX_BM = {ONE_MAX_BM})")
     return v

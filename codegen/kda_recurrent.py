@@ -78,8 +78,7 @@ def decode_lpr() -> int:
     """K3FUSE_KDA_LPR (default DEFAULT_LPR = 2): lanes per S row of the fused decode kernel, 1, 2 or 4 (128 / 256 /
     512 threads per (token, head) at d = 128). Read at every launch (launch_ok_decode and kda_decode: one
     environment lookup); each value's kernel is built once."""
-    v = knobs.env("K3FUSE_KDA_LPR")
-    return int(v) if v else DEFAULT_LPR
+    return knobs.integer("K3FUSE_KDA_LPR", DEFAULT_LPR)
 
 
 def supports_fused(d: int, kc: int, fk: int, f_dtype="bfloat16", lpr: int = DEFAULT_LPR) -> Optional[str]:

@@ -232,6 +232,18 @@ def env(name: str) -> str:
     return os.environ.get(name, k.unset)
 
 
+def integer(name: str, default: Optional[int]) -> Optional[int]:
+    """env(name) as an int: `default` when it is empty (unset with an empty `unset`, or set to ""); a value that is
+    not an integer raises a ValueError that names the variable and what it sets."""
+    v = env(name).strip()
+    if v == "":
+        return default
+    try:
+        return int(v)
+    except ValueError:
+        raise ValueError(f"{name}={v!r}: an integer expected ({KNOBS[name].doc})") from None
+
+
 def key(family: str) -> tuple:
     """The raw values of the variables that can change `family`'s rendered source: part of its build memo's key."""
     return tuple(os.environ.get(n) for n in _BY_FAMILY[family])

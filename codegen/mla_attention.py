@@ -88,7 +88,7 @@ def splits_for(M: int, h: Optional[int] = None) -> tuple:
         return DEFAULT_SPLITS
     qs, vs = SPLITS_BY_HEADS.get(h, {}).get(b) or SPLITS_BY_BUCKET.get(b, DEFAULT_SPLITS)
     # K3FUSE_MLA_VS=N (a measurement knob): the combine's row splits; each re-reads the (m, head)'s NS partials
-    return qs, int(knobs.env("K3FUSE_MLA_VS") or 0) or vs
+    return qs, knobs.integer("K3FUSE_MLA_VS", 0) or vs
 
 
 LOADS_IN_FLIGHT = 9     # 16-byte cache loads per thread per round (9 = a 32-token tile of 576-wide rows in one)
@@ -104,7 +104,7 @@ def score_hpt(hp: int, tt: int = DEFAULT_TT) -> int:
     the fewest that cover HP heads with THREADS / TT token groups; never fewer than that. Read when a kernel is
     rendered (the memo keys on it)."""
     least = -(-hp // (THREADS // tt))
-    return max(least, int(knobs.env("K3FUSE_MLA_SCORE_HPT")) or least)
+    return max(least, knobs.integer("K3FUSE_MLA_SCORE_HPT", 0) or least)
 
 
 def pipe_for(M: int, h: int, mma: bool = True) -> bool:
@@ -251,7 +251,7 @@ def combine_preload(C: int) -> int:
     thread's C / NT3 columns) at its start, before the log-sum-exp pass, whose result they do not depend on; the
     rest as before. At M = 1 (NS = 32 splits of a 1024-token context) the merge otherwise pays the max / sum round
     trip and then one L2 round trip per 8 splits (the dynamic loop's unroll). Capped at MAX_CPRE_REGS registers."""
-    n = int(knobs.env("K3FUSE_MLA_CPRE") or CPRE_DEFAULT)
+    n = knobs.integer("K3FUSE_MLA_CPRE", int(CPRE_DEFAULT))
     cpt = C // COMBINE_THREADS
     return max(0, min(n, MAX_CPRE_REGS // cpt))
 
@@ -265,7 +265,7 @@ def combine_batch(v: int, splits) -> int:
     first batch before the merge and batch b + 1 before batch b's dot products, instead of one row per L2 round
     trip (the SASS of 4x1: 32 dependent LDG -> SHFL x5 -> STG steps per warp). 0 where it does not apply (HOIST3
     configs, or RB not dividing the warp's rows). Read when a kernel is rendered."""
-    rb = int(knobs.env("K3FUSE_MLA_CBATCH") or CBATCH_DEFAULT)
+    rb = knobs.integer("K3FUSE_MLA_CBATCH", int(CBATCH_DEFAULT))
     vs = int(splits[1])
     rpw = v // vs // (COMBINE_THREADS // 32)
     if rb <= 0 or v // vs <= 32 or rpw % rb or rb >= rpw:
@@ -396,7 +396,7 @@ def combine_mma_pre(v: int, C: int, ctok: int) -> int:
     default (tests/test_mla_kernel_gpu.py). Serial global round trips (codegen/sass.py, sm_90a, TP16 bucket 64): the
     most on a control-flow path 15 -> 6 with N = 5; a lane at NS = 9 splits waits 10 -> 3 times (by hand). Not run on a
     GPU yet. Read when a kernel is rendered."""
-    n = int(knobs.env("K3FUSE_MLA_CMMA_PRE") or 0)
+    n = knobs.integer("K3FUSE_MLA_CMMA_PRE", 0)
     if n <= 0 or ctok == 8 or combine_mma_reason(v, C, ctok) is not None:
         return 0
     cpw = C // (32 * ((v // 16) // ctok))
@@ -524,9 +524,8 @@ def ctas_per_sm(M: int = 1, h: Optional[int] = None) -> int:
     CTAS_PER_SM_BY_BUCKET for the bucket, else 2): the split kernel's CTAs per SM that n_splits aims at. Read at every
     launch (NS is a runtime value: no recompile). K3FUSE_MLA_MIN_TILES (default MIN_TILES_PER_SPLIT) likewise sets
     the fewest tiles per split at M > 1."""
-    v = knobs.env("K3FUSE_MLA_CTAS_PER_SM")
-    if v:
-        return max(1, int(v))
+    if knobs.env("K3FUSE_MLA_CTAS_PER_SM"):
+        return max(1, knobs.integer("K3FUSE_MLA_CTAS_PER_SM", 0))
     b = bucket_for(M)
     return CTAS_PER_SM_BY_HEADS.get(h, {}).get(b) or CTAS_PER_SM_BY_BUCKET.get(b, 2)
 
@@ -538,7 +537,7 @@ def n_splits(M: int, T: int, sms: int = 132, tt: int = DEFAULT_TT, h: Optional[i
     --kv-splits, RESULTS.md session 4)."""
     ntiles = -(-T // tt)
     want = -(-ctas_per_sm(M, h) * sms // max(M, 1))
-    min_tiles = 1 if M == 1 else int(knobs.env("K3FUSE_MLA_MIN_TILES") or MIN_TILES_PER_SPLIT)
+    min_tiles = 1 if M == 1 else knobs.integer("K3FUSE_MLA_MIN_TILES", MIN_TILES_PER_SPLIT)
     return max(1, min(want, -(-ntiles // min_tiles)))
 
 

@@ -232,12 +232,12 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     if not _variant_on("K3FUSE_MOE_DOWN_MMA", tabled, bucket, DOWN_MMA_MIN_BUCKET) or not group:
         return None
     nvi, nd = I // 8, D // 128
-    ud = _env_int("K3FUSE_MOE_DOWN_UD", 3)           # k-steps per load group (an A/B knob, session 18)
+    ud = knobs.integer("K3FUSE_MOE_DOWN_UD", 3)           # k-steps per load group (an A/B knob, session 18)
     if D % 512 or nvi % (4 * ud):                    # 128-row blocks, the combine's 64 x 16-byte CTAs, UD k-step groups
         if ud != 3:
             raise ValueError(f"K3FUSE_MOE_DOWN_UD={ud}: I / 8 = {nvi} is not a multiple of 4 * UD")
         return None
-    cap = _env_int("K3FUSE_MOE_DOWN_CTAS", ctas or (DOWN_CTAS if down_we() else UP_CTAS))   # grid cap
+    cap = knobs.integer("K3FUSE_MOE_DOWN_CTAS", ctas or (DOWN_CTAS if down_we() else UP_CTAS))   # grid cap
     rpc = next(d for d in range(1, nd + 1) if nd % d == 0 and (bucket * KT * (nd // d) <= cap or d == nd))
     p = dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
     if down_we():
@@ -299,20 +299,10 @@ def down_we() -> bool:
     return knobs.env("K3FUSE_MOE_DOWN_WE") == "1"
 
 
-def _env_int(name: str, default: int) -> int:
-    v = knobs.env(name)
-    if v == "":
-        return default
-    try:
-        return int(v)
-    except ValueError:
-        raise ValueError(f"{name}={v!r}: an integer expected") from None
-
-
 def cpc_for(I: int, R: int, KT: int, bucket: int, cap: int = UP_CTAS) -> int:
     """Column groups per up CTA: the smallest power of two dividing I / R that keeps bucket * k * I / (R * CPC)
     CTAs <= cap (K3FUSE_MOE_UP_CTAS overrides, for A/Bs; 1 for the ungrouped bucket 1)."""
-    cap = _env_int("K3FUSE_MOE_UP_CTAS", cap)
+    cap = knobs.integer("K3FUSE_MOE_UP_CTAS", cap)
     cpc = 1
     while bucket > 1 and bucket * KT * (I // R) // cpc > cap and (I // R) % (2 * cpc) == 0:
         cpc *= 2
@@ -373,7 +363,7 @@ def down_axb(ksl: int) -> int:
     SM instead of two), and the layer measured the two alike (session 22). With N = 1 the chain is ksl + 1 = 5 at
     fewer registers. The same sums in the same order as AX. 0 (unset), N >= ksl or N not dividing ksl: plain AX.
     Read when a kernel is rendered."""
-    n = int(knobs.env("K3FUSE_MOE_DOWN_AXB") or 0)
+    n = knobs.integer("K3FUSE_MOE_DOWN_AXB", 0)
     return n if 0 < n < ksl and ksl % n == 0 else 0
 
 

@@ -72,7 +72,7 @@ def group_streams_min() -> int:
     concurrently on side streams instead of one after another; 0 = never, 1 = as 2. Each of those GEMMs alone is a
     few waves of split-K CTAs plus a reduce kernel, far from the copy bandwidth at decode widths (768 x 7168 at
     M = 64: 8.6 us for 11 MB, RESULTS.md "Session 19"). Read at every launch and by the lowering."""
-    n = int(knobs.env("K3FUSE_GROUP_STREAMS") or GROUP_STREAMS_DEFAULT)
+    n = knobs.integer("K3FUSE_GROUP_STREAMS", int(GROUP_STREAMS_DEFAULT))
     return 0 if n <= 0 else max(2, n)
 
 

@@ -92,8 +92,7 @@ def _build_class():
 
 def _default_pass():
     if "k3fuse_vllm_pass" not in _built:
-        env = knobs.env("K3FUSE_VLLM_MAX_TOKENS")
-        _built["k3fuse_vllm_pass"] = _build_class()(int(env) if env else None)
+        _built["k3fuse_vllm_pass"] = _build_class()(knobs.integer("K3FUSE_VLLM_MAX_TOKENS", None))
         # also in the package's namespace dict: vLLM looks "k3fuse.k3fuse_vllm_pass" up in k3fuse.__dict__
         pkg = sys.modules.get("k3fuse")
         if pkg is not None:

@@ -220,3 +220,25 @@ def test_toggling_a_variable_in_one_process_rebuilds(monkeypatch, family, var, v
     finally:
         from k3fuse.codegen import compile as kcompile
         kcompile.clear_memo()
+
+
+def test_integer_values_and_errors(monkeypatch):
+    """knobs.integer: the default when empty, the value when set, and a ValueError naming the variable and what it
+    sets when the value is not an integer; the modules' readers go through it."""
+    from k3fuse.codegen import fused_residual_norm as frn
+    from k3fuse.codegen import kda_recurrent as kr
+    monkeypatch.delenv("K3FUSE_FRN_SPIN_NS", raising=False)
+    assert knobs.integer("K3FUSE_FRN_SPIN_NS", 7) == 64 == frn.one_spin_ns()      # unset: the table's value
+    monkeypatch.setenv("K3FUSE_FRN_SPIN_NS", " 256 ")
+    assert frn.one_spin_ns() == 256
+    monkeypatch.setenv("K3FUSE_FRN_SPIN_NS", "")
+    assert knobs.integer("K3FUSE_FRN_SPIN_NS", 7) == 7
+    monkeypatch.setenv("K3FUSE_KDA_LPR", "four")
+    with pytest.raises(ValueError, match=r"K3FUSE_KDA_LPR='four': an integer expected \(lanes per S row"):
+        kr.decode_lpr()
+    monkeypatch.delenv("K3FUSE_KDA_LPR")
+    assert kr.decode_lpr() == kr.DEFAULT_LPR
+    monkeypatch.delenv("K3FUSE_VLLM_MAX_TOKENS", raising=False)
+    assert knobs.integer("K3FUSE_VLLM_MAX_TOKENS", None) is None                  # unset: no default of its own
+    monkeypatch.setenv("K3FUSE_VLLM_MAX_TOKENS", "512")
+    assert knobs.integer("K3FUSE_VLLM_MAX_TOKENS", None) == 512
