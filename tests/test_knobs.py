@@ -172,12 +172,12 @@ def test_every_read_while_building_is_in_the_family_key(monkeypatch, setting):
     _stub_compile(monkeypatch)
     missing, built, kinds = {}, 0, set()
     try:
-        for tp in (8, 16):
-            jobs, _ = kernels_cli.plan("k3", tp, [1, 2, 4, 8, 16, 32, 64], "sm_90a")
+        for tp, arch in ((8, "sm_90a"), (16, "sm_90a"), (8, "sm_100a")):
+            jobs, _ = kernels_cli.plan("k3", tp, [1, 2, 4, 8, 16, 32, 64], arch)
             for job in jobs + (_one_launch_jobs() if tp == 16 else []):
                 kinds.add((job["family"], job["config"].get("variant") or bool(job["config"].get("one_kernel"))))
                 with knobs.recording() as reads:
-                    kernels_cli.build_job(job, "sm_90a")
+                    kernels_cli.build_job(job, arch)
                 built += 1
                 extra = set(reads) - set(knobs._BY_FAMILY[job["family"]])
                 if extra:
