@@ -340,7 +340,9 @@ def combine_mma_tokens(M: int, h: int) -> int:
     TP16 M = 64, where ncu showed the 8-token combine long-scoreboard bound at 12% warps active; two warps merge each
     token's halves of the columns, W_UV crosses L2 twice as often) or 8 (the MMA's n-tile). K3FUSE_MLA_CMMA_TOK=8 / 4
     forces it; unset: 4 where CMMA_TOK_BY_HEADS lists (h, M's bucket). Read at each launch; passed to build (the memo
-    and the source's MT3 follow it, and the launcher's grid follows MT3)."""
+    and the source's MT3 follow it, and the launcher's grid follows MT3). Both render one merge (template CTOK,
+    session 39): with 8, WPT3 = 1 and warps past the 8th (v > 128) repeat a token's merge, storing the same values;
+    at v = 128 its PTX is the former 8-token branch's, byte for byte (sm_90a)."""
     v = knobs.env("K3FUSE_MLA_CMMA_TOK").strip()
     if not v:
         return 4 if bucket_for(M) in CMMA_TOK_BY_HEADS.get(h, ()) else 8
@@ -430,7 +432,7 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 CPRE=combine_preload(C),
                 **({"RB3": rb3} if rb3 else {}),      # absent when off: the same source
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
-                **({"CTOK": int(ctok)} if cmma and ctok != 8 else {}),                # absent: the same source
+                **({"CTOK": int(ctok)} if cmma else {}),
                 **({"PRE3": pre3} if pre3 else {}),
                 **({"MLPAIR": True} if not cmma and early_loads() else {}),
                 **({"QAE": True} if early_loads() else {}),

@@ -930,7 +930,9 @@ def test_mla_async_tiles_compiles(arch, h, monkeypatch, tmp_path, capfd):
 @pytest.mark.parametrize("h,gated", [(6, True), (12, False)])
 def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
     """The tensor-core combine over 4 tokens per CTA (ctok = 4: K3FUSE_MLA_CMMA_TOK=4, or unset where CMMA_TOK_BY_HEADS
-    lists the bucket). With 8 the source is the same as before the knob; with 4 it differs only in the combine (MT3 = 4, two merging warps per token), whose entry keeps
+    lists the bucket). One merge serves both (session 39; before, 8 tokens had a branch of its own): with 8, one warp a
+    token (WPT3 = 1; warps past the 8th, at v > 128, repeat a token's merge and store the same values); with 4, two
+    merging warps per token. The combine entry keeps
     the MMAs (C / 32 k-steps x 2), one CTA barrier, no local memory, and predicates the MMA's unused columns off
     the stores; other values are refused; widths the shared columns do not divide are refused with a reason."""
     monkeypatch.delenv("K3FUSE_MLA_CMMA_TOK", raising=False)
@@ -938,7 +940,7 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
                 out_dtype="bfloat16" if gated else "float32")
     eight = ma.render_source(**args, cmma=True, arch=arch)
     plain = ma.render_source(**args, arch=arch)
-    assert "MT3 = 8 " in eight and "WPT3" not in eight
+    assert "MT3 = 8 " in eight and "WPT3 = 1 " in eight and "    c0 = lane * CPW3\n" in eight
     # unset: 4 where CMMA_TOK_BY_HEADS lists (h, bucket) (buckets 32, 64 at h = 6, 16-64 at h = 12), else 8
     assert [ma.combine_mma_tokens(M, h) for M in (8, 16, 17, 33, 64)] == \
         ([8, 8, 4, 4, 4] if h == 6 else [8, 4, 4, 4, 4])
@@ -960,6 +962,13 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
     assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", body)) == K3["C"] // 32 * 2
     assert len(re.findall(r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0", body)) == 1
     assert "ld.local" not in body and "st.local" not in body
+    # 8 tokens at v = 160 (10 warps, 2 past the tokens): compiles with the same MMAs, one barrier, no local memory
+    if h == 12:
+        k10 = ma.build(**dict(args, v=160), arch=arch, load=False, cmma=True, ctok=8)
+        body = entries(open(k10.files["kernel.ptx"]).read())["combine_mma_kernel"]
+        assert len(re.findall(r"mma\.sync\.aligned\.m16n8k16", body)) == K3["C"] // 32 * 2
+        assert len(re.findall(r"\bbar(?:rier)?\.sync(?:\.aligned)?\s+0", body)) == 1
+        assert "ld.local" not in body and "st.local" not in body
     with pytest.raises(ValueError, match="2 tokens per tensor-core-combine CTA"):
         ma.render_source(**args, cmma=True, ctok=2)
     monkeypatch.setenv("K3FUSE_MLA_CMMA_TOK", "2")
