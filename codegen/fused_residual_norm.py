@@ -102,7 +102,7 @@ def build_mix_norm(H, nb, has_addend=False, has_prefix=True, has_norm=True, fp32
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     memo = (H, nb, bool(has_addend), bool(has_prefix), bool(has_norm), bool(fp32_norm), float(mix_eps),
-            float(norm_eps), arch, load, bool(wm_pair), mixnorm_cluster(), mixnorm_push(), knobs.key(FAMILY))
+            float(norm_eps), arch, load, bool(wm_pair), knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
     src = render_mixnorm(H, nb, has_addend, has_prefix, has_norm, fp32_norm, mix_eps, norm_eps, wm_pair)

@@ -628,9 +628,8 @@ def build_group(Ns, K: int, bucket: int, cfg: Optional[dict] = None, arch: Optio
     situ = (tuple(situ[0]), float(situ[1]), float(situ[2])) if situ else None
     f32 = tuple(f32)
     topk = (int(topk[0]), int(topk[1]), bool(topk[2]), float(topk[3])) if topk else None
-    from .router_topk import rank_select
     memo = ("group", tuple(Ns), K, bucket, repr(sorted((cfg or {}).items())), arch, load, situ, f32, topk,
-            bool(topk) and rank_select(), knobs.key(FAMILY))
+            knobs.key(FAMILY))
     k = _built.get(memo)
     if k is not None:
         return k

@@ -117,7 +117,7 @@ def build(d: int = 128, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound: flo
     arch = arch or current_arch()
     fkey = tuple(sorted((k, str(v)) for k, v in fused.items())) if fused else None
     memo = (d, _dtname(a_dtype), _dtname(b_dtype), float(lower_bound), lpr, arch, load, fkey,
-            bool(fused) and stamps_on(), knobs.key(FAMILY))
+            knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
     src = render_source(d, a_dtype, b_dtype, lower_bound, lpr, fused=fused)

@@ -484,14 +484,13 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     arch = arch or current_arch()
     splits = tuple(int(x) for x in splits)
     eps = float(append_eps) if append_eps is not None else None
-    pre3 = combine_mma_pre(v, C, ctok) if cmma else 0
+    # the arguments and the family's variables determine the source (every choice read at render is a function of
+    # them: tests/test_knobs.py), so nothing derived from them belongs in the key
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
-            _dtname(out_dtype), score_hpt(padded_heads(h), tt),
-            bool(pipe), mma_scores(padded_heads(h), r, C, tt), combine_preload(C),
-            combine_batch(v, splits), bool(cmma), pv_mma(padded_heads(h), r, C, tt),
-            int(ctok) if cmma else 8, int(asy), pre3, early_loads(), knobs.key(FAMILY))
+            _dtname(out_dtype), bool(pipe), bool(cmma), int(ctok) if cmma else 8, int(asy), knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
+    pre3 = combine_mma_pre(v, C, ctok) if cmma else 0
     src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, pipe, cmma, arch, asy, ctok)
     op = OP_APPEND if eps is not None else OP
     meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
@@ -843,7 +842,7 @@ def build_heads(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 5
     eps = float(append_eps) if append_eps is not None else None
     qb = (int(qb[0]), float(qb[1])) if qb is not None else None
     memo = ("heads", h, n, v, r, C, float(scale), _dtname(q_dtype), arch, load, eps, bool(gate), _dtname(out_dtype),
-            int(cl), qb, stamps_on(), push_on(), heads_mma_on(), qfirst_on(), knobs.key(FAMILY))
+            int(cl), qb, knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
     why = heads_supports(h, n, v, r, C)

@@ -69,7 +69,7 @@ def build(E: int, k: int, renormalize: bool = True, scale: float = 1.0, arch: Op
           load: bool = True):
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
-    memo = (E, k, bool(renormalize), float(scale), arch, load, rank_select(), knobs.key(FAMILY))
+    memo = (E, k, bool(renormalize), float(scale), arch, load, knobs.key(FAMILY))
     if memo not in _built:
         meta = dict(family=FAMILY, op=OP, shape=dict(E=E, k=k), template=TEMPLATE,
                     config=dict(renormalize=bool(renormalize), scale=float(scale), threads=threads_for(E)))
