@@ -7,7 +7,8 @@
 #   tests  the GPU test suite, compute-sanitizer memcheck, the runtime's graphs
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s151   K3FUSE_MOE_DOWN_RING=1 (the routed down's W2 tile ring, TP16): tests, memcheck, A/Bs
-#   s155   s152-s154's three bitwise variants together: smoke, tests, memcheck, one summed A/B
+#   s155   s152-s154's three bitwise variants together: smoke, tests, memcheck, one summed A/B; session 39's unified
+#          combine (8 vs 4 tokens bitwise)
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
 #   s156   K3FUSE_MOE_DOWN_AXB=1 (AX's W2 loads one slot per batch, M = 1): tests, memcheck, A/Bs
 #   s152   K3FUSE_MLA_CMMA_PRE=N (the combine's merge-independent loads first): tests, memcheck, A/Bs
@@ -99,7 +100,7 @@ elif [ "$part" = s155 ]; then     # session 38 (not run): s152-s154 in one call,
     smoke_or_stop s155 early_smoke 100 tests/test_mla_kernel_gpu.py \
         -k "early_loads_bitwise and append_gate and three_launches and 1-4096"
     pytests bitwise3 200 tests/test_mla_kernel_gpu.py tests/test_kernels_gpu.py \
-        -k "combine_mma_pre_bitwise or wgmma_gather_bitwise or early_loads_bitwise"
+        -k "combine_mma_pre_bitwise or wgmma_gather_bitwise or early_loads_bitwise or combine_mma_tokens_bitwise"
     K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_EARLY=1 K3FUSE_WG_GATHER=1 memcheck memcheck3 100 tests/test_mla_kernel_gpu.py \
         tests/test_kernels_gpu.py -k "(combine_mma_append_gate_and_graph and 6-True) or (wgmma_gather_bitwise and 768-7168-8-128 and 17) or (early_loads_bitwise and append_gate and 3-1000)"
     ab_run s38_sum 180 --arms "-; K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_EARLY=1 K3FUSE_WG_GATHER=1" --kinds mla \
