@@ -13,7 +13,7 @@
 #   s156   K3FUSE_MOE_DOWN_AXB=1 (AX's W2 loads one slot per batch, M = 1): tests, memcheck, A/Bs
 #   s152   K3FUSE_MLA_CMMA_PRE=N (the combine's merge-independent loads first): tests, memcheck, A/Bs
 #   s153   K3FUSE_WG_GATHER=1 (the wgmma cluster sum's loads first): tests, memcheck, A/Bs
-#   s154   K3FUSE_MLA_EARLY=1 (qabsorb's and the combine's independent loads first): tests, memcheck, A/Bs
+#   s154   K3FUSE_MLA_LOADS_FIRST=1 (qabsorb's and the combine's independent loads first): tests, memcheck, A/Bs
 #   s139   wgmma clusters of 14-16: tests, memcheck, shapes, A/B
 #   s150   ncu of the M = 64 MLA split / combine with session 37's defaults
 #   s140   why 3216x7168's wgmma entry at bucket 16 lost in the layer
@@ -101,9 +101,9 @@ elif [ "$part" = s155 ]; then     # session 38 (not run): s152-s154 in one call,
         -k "early_loads_bitwise and append_gate and three_launches and 1-4096"
     pytests bitwise3 200 tests/test_mla_kernel_gpu.py tests/test_kernels_gpu.py \
         -k "combine_mma_pre_bitwise or wgmma_gather_bitwise or early_loads_bitwise or combine_mma_tokens_bitwise"
-    K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_EARLY=1 K3FUSE_WG_GATHER=1 memcheck memcheck3 100 tests/test_mla_kernel_gpu.py \
+    K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_LOADS_FIRST=1 K3FUSE_WG_GATHER=1 memcheck memcheck3 100 tests/test_mla_kernel_gpu.py \
         tests/test_kernels_gpu.py -k "(combine_mma_append_gate_and_graph and 6-True) or (wgmma_gather_bitwise and 768-7168-8-128 and 17) or (early_loads_bitwise and append_gate and 3-1000)"
-    ab_run s38_sum 180 --arms "-; K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_EARLY=1 K3FUSE_WG_GATHER=1" --kinds mla \
+    ab_run s38_sum 180 --arms "-; K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_LOADS_FIRST=1 K3FUSE_WG_GATHER=1" --kinds mla \
         --tp 16,8 --ms 64,16 --pairs 8
     tar czf "$OUT/logs_s155.tgz" -C "$L" .
 elif [ "$part" = s149 ]; then     # session 37 (not run): the sum of session 37's MLA defaults in one process (layer_ab --arms:
@@ -152,14 +152,14 @@ elif [ "$part" = s153 ]; then     # session 38 (not run): the wgmma split-K clus
     memcheck memcheck_gl 80 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-128 and 17"
     ab_run wg_gather 200 --var K3FUSE_WG_GATHER=0,1 --kinds kda,mla --tp 16,8 --ms 64,32,16 --pairs 8
     tar czf "$OUT/logs_s153.tgz" -C "$L" .
-elif [ "$part" = s154 ]; then     # session 38 (not run): K3FUSE_MLA_EARLY=1, the three-launch MLA kernels' loads that wait on
+elif [ "$part" = s154 ]; then     # session 38 (not run): K3FUSE_MLA_LOADS_FIRST=1, the three-launch MLA kernels' loads that wait on
     # nothing issued with their first ones: qabsorb's q_pe, row position and k_pe (path 4 -> 2 with the append), the
     # CUDA-core combine's (max, sum) pairs in one pass (8 -> 5 at TP8 bucket 1; codegen/sass.py). Bitwise the default.
     # Predicted: -0.3..-1 us per MLA layer where the three launches run (TP8 M = 1-64, TP16 M = 4-64)
     pytests early 150 tests/test_mla_kernel_gpu.py -k "early_loads_bitwise"
-    K3FUSE_MLA_EARLY=1 memcheck memcheck_early 80 tests/test_mla_kernel_gpu.py -k "matches_reference and 3-1000 and 12"
-    ab_run early_tp8 200 --var K3FUSE_MLA_EARLY=0,1 --kinds mla --tp 8 --ms 1,2,4,8 --pairs 12
-    ab_run early_tp16 150 --var K3FUSE_MLA_EARLY=0,1 --kinds mla --tp 16 --ms 4,8,16 --pairs 8
+    K3FUSE_MLA_LOADS_FIRST=1 memcheck memcheck_early 80 tests/test_mla_kernel_gpu.py -k "matches_reference and 3-1000 and 12"
+    ab_run early_tp8 200 --var K3FUSE_MLA_LOADS_FIRST=0,1 --kinds mla --tp 8 --ms 1,2,4,8 --pairs 12
+    ab_run early_tp16 150 --var K3FUSE_MLA_LOADS_FIRST=0,1 --kinds mla --tp 16 --ms 4,8,16 --pairs 8
     tar czf "$OUT/logs_s154.tgz" -C "$L" .
 elif [ "$part" = s139 ]; then     # session 36 (not run): the wgmma GEMM with clusters of 14-16 splits (the tuner's
     # candidates where 8 splits leave fewer than 112 CTAs: 768x7168, 1536x7168 at BN = 128, 1152x1536 at BN = 128).

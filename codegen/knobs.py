@@ -166,7 +166,7 @@ TABLE: tuple[Knob, ...] = (
     # --- opt-in variants not yet run on a GPU (benchmarks/validate_pending.sh has each one's part) --------------------
     _K("K3FUSE_WG_GATHER", "0", "unmeasured", (GEMV,),
        "1: the wgmma split-K cluster sum loads every peer value first (SASS chain 32 -> 2; s155)"),
-    _K("K3FUSE_MLA_EARLY", "0", "unmeasured", (MLA,),
+    _K("K3FUSE_MLA_LOADS_FIRST", "0", "unmeasured", (MLA,),
        "1: qabsorb's and the CUDA-core combine's loads that wait on nothing issued first (s155)"),
     _K("K3FUSE_MLA_CMMA_PRE", "0", "unmeasured", (MLA,),
        "N: the 4-token tensor-core combine's gate values and first N partials loaded at its start (s155)"),
@@ -208,6 +208,8 @@ REMOVED: dict[str, str] = {
     "K3FUSE_MLA_HEADS_TMA": "session 30: the per-head kernel's tiles by bulk copies",
     "K3FUSE_FRN_SPREAD": "session 31: the statistics atomics spread over accumulator copies",
     "K3FUSE_KDA_EARLY": "session 31: kda_decode's own-state loads before the chain's wait",
+    "K3FUSE_MLA_EARLY": "session 31: the per-head kernel's first cache tile before the chain's wait (session 38's "
+                        "qabsorb / combine variant is K3FUSE_MLA_LOADS_FIRST)",
     "K3FUSE_FRN_EARLY_W": "session 32: the one-launch kernel's weights before the chain's wait",
     "K3FUSE_MOE_PASS_OWNERS": "session 35: the routed down's pass owners",
     "K3FUSE_MLA_QTB": "session 35: qabsorb over several tokens per CTA",

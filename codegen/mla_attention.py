@@ -374,7 +374,7 @@ def combine_mma_on(M: int, h: int, v: int, C: int, ns: int) -> bool:
 
 
 def early_loads() -> bool:
-    """K3FUSE_MLA_EARLY=1 (opt-in, not run on a GPU): loads that wait on nothing issued with the first ones, in the
+    """K3FUSE_MLA_LOADS_FIRST=1 (opt-in, not run on a GPU): loads that wait on nothing issued with the first ones, in the
     three-launch kernels. In the sm_90a SASS (codegen/sass.py) each of these was
     a serial L2 round trip of its own:
     - qabsorb (QAE): the new cache row's position and k_pe chunk (after the norm's barrier / the row's store) and q_pe
@@ -383,7 +383,7 @@ def early_loads() -> bool:
       instead of the sums again after the block max. Path 8 -> 5 at TP8 bucket 1. It runs where the tensor-core
       combine does not: TP8 M = 1-8, TP16 M = 4-16.
     The same values and arithmetic: bitwise the default. Read when a kernel is rendered."""
-    return knobs.env("K3FUSE_MLA_EARLY") == "1"
+    return knobs.env("K3FUSE_MLA_LOADS_FIRST") == "1"
 
 
 CMMA_PRE_MAX_REGS = 40    # K3FUSE_MLA_CMMA_PRE's preloaded partials per lane (fp32 registers): 5 splits at CPW3 = 8

@@ -81,10 +81,10 @@ def test_env_returns_unset_value_and_rejects_unregistered(monkeypatch):
 
 
 def test_key_follows_the_family_variables(monkeypatch):
-    for n in ("K3FUSE_MLA_EARLY", "K3FUSE_MOE_DOWN_RING"):
+    for n in ("K3FUSE_MLA_LOADS_FIRST", "K3FUSE_MOE_DOWN_RING"):
         monkeypatch.delenv(n, raising=False)
     mla, moe = knobs.key("mla_attention"), knobs.key("moe_experts")
-    monkeypatch.setenv("K3FUSE_MLA_EARLY", "1")
+    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "1")
     assert knobs.key("mla_attention") != mla and knobs.key("moe_experts") == moe
 
 
@@ -93,7 +93,7 @@ def test_unknown_set_names_removed_and_misspelt(monkeypatch):
         monkeypatch.delenv(n)
     monkeypatch.setenv("K3FUSE_MLA_QTB", "8")          # removed in session 35
     monkeypatch.setenv("K3FUSE_MLA_ERLY", "1")         # misspelt
-    monkeypatch.setenv("K3FUSE_MLA_EARLY", "1")        # fine
+    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "1")        # fine
     got = knobs.unknown_set()
     assert len(got) == 2
     assert got[0].startswith("K3FUSE_MLA_ERLY (not a k3fuse variable")
@@ -141,7 +141,7 @@ def _stub_compile(monkeypatch):
 # values (each setting renders every kernel of the K3 configs at TP8 and TP16, buckets 1-64, and the all-reduce ones).
 SETTINGS = {
     "defaults": {},
-    "opt_ins": {"K3FUSE_MLA_EARLY": "1", "K3FUSE_MLA_CMMA_PRE": "5", "K3FUSE_WG_GATHER": "1",
+    "opt_ins": {"K3FUSE_MLA_LOADS_FIRST": "1", "K3FUSE_MLA_CMMA_PRE": "5", "K3FUSE_WG_GATHER": "1",
                 "K3FUSE_MOE_DOWN_AX": "1", "K3FUSE_MOE_DOWN_AXB": "1", "K3FUSE_MOE_DOWN_RING": "1",
                 "K3FUSE_GEMV_WGMMA": "1"},
     "others": {"K3FUSE_MLA_STAMPS": "1", "K3FUSE_KDA_STAMPS": "1", "K3FUSE_FRN_STAMPS": "1", "K3FUSE_PDL_CHAIN": "0",
@@ -194,7 +194,7 @@ def test_every_read_while_building_is_in_the_family_key(monkeypatch, setting):
 
 
 @pytest.mark.parametrize("family,var,value,tp,bucket", [
-    ("mla_attention", "K3FUSE_MLA_EARLY", "1", 8, 1),
+    ("mla_attention", "K3FUSE_MLA_LOADS_FIRST", "1", 8, 1),
     ("kda_recurrent", "K3FUSE_KDA_STAMPS", "1", 16, 1),
     ("moe_experts", "K3FUSE_MOE_DOWN_RING", "1", 16, 64),
     ("fused_residual_norm", "K3FUSE_FRN_LEAN_TAIL", "0", 16, 1),

@@ -979,19 +979,19 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("gated", [True, False])
 def test_mla_early_loads_compile(arch, gated, monkeypatch):
-    """K3FUSE_MLA_EARLY=1 (opt-in): unset or 0, the sources are unchanged; on, qabsorb loads q_pe (and with the append,
+    """K3FUSE_MLA_LOADS_FIRST=1 (opt-in): unset or 0, the sources are unchanged; on, qabsorb loads q_pe (and with the append,
     the row's position and k_pe chunk) with its first loads, and the CUDA-core combine loads each split's sum in its first pass into shared memory; the tensor-core combine keeps its own
     merge; compiles without local memory. On sm_90a (with nvdisasm) the most serial round trips on a path drop in
     qabsorb and the combine (TP8 bucket 1 when written: 4 -> 3 and 8 -> 5; plain qabsorb 3 -> 2)."""
     from k3fuse.codegen import sass
     args = dict(h=12, **K3, scale=SCALE, splits=(8, 8), arch=arch,
                 append_eps=1e-6 if gated else None, gate=gated, out_dtype="bfloat16" if gated else "float32")
-    monkeypatch.delenv("K3FUSE_MLA_EARLY", raising=False)
+    monkeypatch.delenv("K3FUSE_MLA_LOADS_FIRST", raising=False)
     plain = ma.render_source(**args)
-    monkeypatch.setenv("K3FUSE_MLA_EARLY", "0")
+    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "0")
     assert ma.render_source(**args) == plain and "sWs" not in plain and "qpe" not in plain
     k0 = ma.build(**args, load=False)
-    monkeypatch.setenv("K3FUSE_MLA_EARLY", "1")
+    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "1")
     src = ma.render_source(**args)
     assert src.count("sWs[s] = mMl[m, s, hd, 1]") == 1 and "lsum = lsum + wt * sWs[s]" in src
     assert "mQs[m, hd, C + j] = qpe[i]" in src

@@ -361,7 +361,7 @@ def test_mla_combine_mma_tokens_bitwise(M, h, n_split, monkeypatch, seed):
 @pytest.mark.parametrize("M,T,seq_lens,h", [CASES[2] + (12,), CASES[3] + (6,), CASES[5] + (12,), CASES[8] + (6,)])
 @pytest.mark.parametrize("append", [False, True], ids=["plain", "append_gate"])
 def test_mla_early_loads_bitwise(M, T, seq_lens, h, append, monkeypatch, seed):
-    """K3FUSE_MLA_EARLY=1 (qabsorb's q_pe, cache-row position and k_pe loaded with its first loads; the CUDA-core
+    """K3FUSE_MLA_LOADS_FIRST=1 (qabsorb's q_pe, cache-row position and k_pe loaded with its first loads; the CUDA-core
     combine's (max, sum) pairs in one pass): bitwise the default, the plain variant and the
     append + gate one (the cache after the append bitwise too), NaN-poisoned outputs, garbage past seq_lens."""
     from k3fuse.codegen import mla_attention as ma
@@ -375,7 +375,7 @@ def test_mla_early_loads_bitwise(M, T, seq_lens, h, append, monkeypatch, seed):
     seen = _records_builds(monkeypatch)
     outs, caches = [], []
     for v in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_MLA_EARLY", v)
+        monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", v)
         c = cache.clone()
         o = torch.full((M, h, V), float("nan"), device="cuda", dtype=bf if append else torch.float32)
         ma.mla_attention(qn, qp, c, kv_b, sl, SCALE, out=o, heads=False, **kw)
