@@ -80,9 +80,9 @@ elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one kn
     cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
 elif [ "$part" = s157 ]; then     # session 40: kda_decode with the f_b projection's loads first and the conv window
     # converted where the conv uses it (K3FUSE_KDA_FB_FIRST=1). By default ptxas waits for each conv warp's loads inside
-    # its arm, so f_b, dt and A_log issue one round trip later; codegen/sass.py at bucket 1: 18 -> 5 waits, 5 -> 4
-    # serial. Bitwise the default. kda_decode_ was 5.6 us at TP16 M = 1 (0.3 us of bytes). Predicted: -0.3..-0.8 us
-    # per KDA layer at M = 1 (either TP)
+    # its arm, so f_b, dt and A_log issue one round trip later; codegen/sass.py at bucket 1: 18 -> 5 waits, all 97
+    # loads issued before the first wait (path 5 -> 1). Bitwise the default. kda_decode_ was 5.6 us at TP16 M = 1 (0.3 us
+    # of bytes). Predicted: -0.5..-2 us per KDA layer at M = 1 (either TP)
     pytests fbfirst 150 tests/test_kda_kernel_gpu.py -k "fb_first_bitwise or decode_matches_reference"
     K3FUSE_KDA_FB_FIRST=1 memcheck memcheck_fbfirst 80 tests/test_kda_kernel_gpu.py -k "decode_matches_reference and 12-3"
     ab_run fbfirst 260 --var K3FUSE_KDA_FB_FIRST=0,1 --kinds kda --tp 16,8 --ms 1 --pairs 16

@@ -69,8 +69,9 @@ def fb_first() -> bool:
     """K3FUSE_KDA_FB_FIRST=1 (opt-in, not run on a GPU): the f_b projection's loads issue first and the conv warps
     keep their window, new input in the input dtype (converted where the conv uses them). By default ptxas waits for
     a conv arm's loads inside the arm (their conversion to fp32), so the f_b loads and dt / A_log issue a round trip
-    later. codegen/sass.py at TP16 bucket 1 (sm_90a): 18 -> 5 global waits, 5 -> 4 serial. Same arithmetic
-    (bitwise). Read when a kernel is rendered."""
+    later. codegen/sass.py at bucket 1 (sm_90a): 18 -> 5 global waits, and all 97 global loads issue before the
+    first wait (longest chain of round trips on a path 5 -> 1). Same arithmetic (bitwise). Read when a kernel
+    is rendered."""
     return knobs.env("K3FUSE_KDA_FB_FIRST") == "1"
 
 

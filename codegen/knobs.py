@@ -173,7 +173,7 @@ TABLE: tuple[Knob, ...] = (
     _K("K3FUSE_MOE_DOWN_AXB", "0", "unmeasured", (MOE,),
        "N (with K3FUSE_MOE_DOWN_AX=1): the per-slot down's W2 loads N slots per batch (s156)"),
     _K("K3FUSE_KDA_FB_FIRST", "0", "unmeasured", (KDA,),
-       "1: kda_decode's f_b loads first, the conv window kept in its dtype (SASS 18 -> 5 waits; s157)"),
+       "1: kda_decode's f_b loads first, the conv window kept in its dtype (SASS path 5 -> 1; s157)"),
     _K("K3FUSE_MOE_DOWN_RING", "0", "unmeasured", (MOE,),
        "1: the tensor-core down's W2 tiles through a two-slot cp.async ring (s151)"),
     # --- diagnostics ------------------------------------------------------------------------------------------------
