@@ -93,7 +93,7 @@ def test_unknown_set_names_removed_and_misspelt(monkeypatch):
         monkeypatch.delenv(n)
     monkeypatch.setenv("K3FUSE_MLA_QTB", "8")          # removed in session 35
     monkeypatch.setenv("K3FUSE_MLA_ERLY", "1")         # misspelt
-    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "1")        # fine
+    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "1")   # fine
     got = knobs.unknown_set()
     assert len(got) == 2
     assert got[0].startswith("K3FUSE_MLA_ERLY (not a k3fuse variable")
