@@ -6,7 +6,6 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU test suite, compute-sanitizer memcheck, the runtime's graphs
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
-#   s157   K3FUSE_KDA_FB_FIRST=1 (kda_decode's f_b loads first): bitwise tests, memcheck, A/B at M = 1
 #   s151   K3FUSE_MOE_DOWN_RING=1 (the routed down's W2 tile ring, TP16): tests, memcheck, A/Bs
 #   s155   s152-s154's three bitwise variants together: smoke, tests, memcheck, one summed A/B; session 39's unified
 #          combine (8 vs 4 tokens bitwise)
@@ -78,15 +77,6 @@ elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one kn
         > "$L/ab.txt" 2>&1
     echo "layer_ab $2 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab.txt" | tee -a "$S"
     cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
-elif [ "$part" = s157 ]; then     # session 40: kda_decode with the f_b projection's loads first and the conv window
-    # converted where the conv uses it (K3FUSE_KDA_FB_FIRST=1). By default ptxas waits for each conv warp's loads inside
-    # its arm, so f_b, dt and A_log issue one round trip later; codegen/sass.py at bucket 1: 18 -> 5 waits, all 97
-    # loads issued before the first wait (path 5 -> 1). Bitwise the default. kda_decode_ was 5.6 us at TP16 M = 1 (0.3 us
-    # of bytes). Predicted: -0.5..-2 us per KDA layer at M = 1 (either TP)
-    pytests fbfirst 150 tests/test_kda_kernel_gpu.py -k "fb_first_bitwise or decode_matches_reference"
-    K3FUSE_KDA_FB_FIRST=1 memcheck memcheck_fbfirst 80 tests/test_kda_kernel_gpu.py -k "decode_matches_reference and 12-3"
-    ab_run fbfirst 260 --var K3FUSE_KDA_FB_FIRST=0,1 --kinds kda --tp 16,8 --ms 1 --pairs 16
-    tar czf "$OUT/logs_s157.tgz" -C "$L" .
 elif [ "$part" = s151 ]; then     # session 37 (not run): the routed down's W2 tile ring (K3FUSE_MOE_DOWN_RING=1, TP16 only):
     # its bitwise tests (a smoke case first: a wrong wait would mismatch), memcheck, then the A/Bs. The down at TP16
     # M = 64 ran at 71% of copy in session 36's ncu; each owner CTA waits for RPC = 4 row blocks' tiles one after
@@ -225,6 +215,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, ab, s157, s151, s155, s149, s156, s152, s153, s154, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, ab, s151, s155, s149, s156, s152, s153, s154, s139, s150, s140)" >&2
     exit 2
 fi

@@ -59,20 +59,9 @@ def template_params(d: int, a_dtype="bfloat16", b_dtype="bfloat16", lower_bound:
         p.update(WV=2, KC=int(fused["kc"]), FK=int(fused["fk"]), FV=8 if fdt == "BFloat16" else 4,
                  NEWEST_LAST=bool(fused["newest_last"]), XDT=_dtname(fused["x"]), FDT=fdt,
                  GDT=_dtname(fused["g"]), ODT=_dtname(fused["o"]), EPS=repr(float(fused["eps"])), ADT=fdt)
-        p.update(FB_FIRST=fb_first())
         if stamps_on():
             p.update(STAMPS=True)
     return p
-
-
-def fb_first() -> bool:
-    """K3FUSE_KDA_FB_FIRST=1 (opt-in, not run on a GPU): the f_b projection's loads issue first and the conv warps
-    keep their window, new input in the input dtype (converted where the conv uses them). By default ptxas waits for
-    a conv arm's loads inside the arm (their conversion to fp32), so the f_b loads and dt / A_log issue a round trip
-    later. codegen/sass.py at bucket 1 (sm_90a): 18 -> 5 global waits, and all 97 global loads issue before the
-    first wait (longest chain of round trips on a path 5 -> 1). Same arithmetic (bitwise). Read when a kernel
-    is rendered."""
-    return knobs.env("K3FUSE_KDA_FB_FIRST") == "1"
 
 
 def stamps_on() -> bool:

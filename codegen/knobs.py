@@ -172,8 +172,6 @@ TABLE: tuple[Knob, ...] = (
        "N: the 4-token tensor-core combine's gate values and first N partials loaded at its start (s155)"),
     _K("K3FUSE_MOE_DOWN_AXB", "0", "unmeasured", (MOE,),
        "N (with K3FUSE_MOE_DOWN_AX=1): the per-slot down's W2 loads N slots per batch (s156)"),
-    _K("K3FUSE_KDA_FB_FIRST", "0", "unmeasured", (KDA,),
-       "1: kda_decode's f_b loads first, the conv window kept in its dtype (SASS path 5 -> 1; s157)"),
     _K("K3FUSE_MOE_DOWN_RING", "0", "unmeasured", (MOE,),
        "1: the tensor-core down's W2 tiles through a two-slot cp.async ring (s151)"),
     # --- diagnostics ------------------------------------------------------------------------------------------------
@@ -218,6 +216,8 @@ REMOVED: dict[str, str] = {
     "K3FUSE_MLA_ONE_KERNEL": "session 39: the MLA attention's three kernels as one launch with two grid barriers "
                              "(sessions 15-23: slower at TP16 and TP8)",
     "K3FUSE_MLA_ONE_PREFETCH": "session 39: that one launch's L2 prefetch",
+    "K3FUSE_KDA_FB_FIRST": "session 41: kda_decode's f_b loads before the conv warps' (SASS 18 -> 5 waits; -0.1 / "
+                           "-0.2 us per layer at TP16 / TP8 M = 1, within noise)",
     "K3FUSE_GEMV_SPLITK": "session 39: the split-K mma GEMV (gemv_mma_sk; session 19: slower than cuBLAS on 13 of 14 "
                           "K3 cases at M = 16-64, where the wgmma GEMM now runs)",
     "K3FUSE_KDA_FA_SMEM": "session 39: kda_decode's fa staged in shared memory (session 7: 6.0 -> 6.3 us, slower)",

@@ -130,28 +130,6 @@ def test_kda_decode_lanes_per_row_knob_compiles(arch, lpr, monkeypatch):
     assert kr.decode_lpr() == kr.DEFAULT_LPR
 
 
-@pytest.mark.parametrize("arch", ARCHES)
-def test_kda_decode_fb_first_compiles_with_fewer_waits(arch, monkeypatch):
-    """K3FUSE_KDA_FB_FIRST=1: the fused kernel compiles with the same 128-bit S row and f_b loads and no local memory;
-    its conv window stays in the input dtype until the conv. On sm_90a (with nvdisasm) its SASS waits for global
-    loads fewer times than the default's (18 -> 5 when written) and its longest chain of serial round trips is
-    shorter (5 -> 4 serial, path 5 -> 1): the default waits for a conv arm's loads inside the arm."""
-    from k3fuse.codegen import sass
-    reps = {}
-    for v in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_KDA_FB_FIRST", v)
-        k = kr.build(128, "bfloat16", "bfloat16", -5.0, arch=arch, load=False, fused=FUSED_K3)
-        src, ptx = open(k.files["kernel.py"]).read(), open(k.files["kernel.ptx"]).read()
-        assert ("cOld[e, j] = mC[m, j, col]\n" in src) == (v == "1")
-        assert "ld.local" not in ptx and "st.local" not in ptx
-        assert sum(map(is_128bit, ops(ptx, "ld"))) >= 128 // 4 // kr.DEFAULT_LPR + 2, v
-        if arch == "sm_90a" and sass.find_disassembler() is not None:
-            (reps[v],) = sass.read(k.files["kernel.cubin"], "kda")
-    if reps:
-        assert len(reps["1"].waits) < len(reps["0"].waits) // 2
-        assert reps["1"].path < reps["0"].path
-
-
 def test_kda_decode_supports_and_fallback_on_cpu():
     """supports_fused says why; on CPU kda_decode_cuda is the reference (one log line)."""
     import torch

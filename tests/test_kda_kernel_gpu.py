@@ -153,32 +153,6 @@ def test_kda_decode_matches_reference(M, h, xdt, fdt, odt, newest, seed):
     assert rel(o, ro) < (1e-2 if odt == torch.bfloat16 else 1e-4)
 
 
-@pytest.mark.parametrize("M,h", [(1, 6), (3, 12), (64, 6)])
-@pytest.mark.parametrize("xdt,fdt,newest", [(torch.bfloat16, torch.bfloat16, True), (torch.float32, torch.float32, False)])
-def test_kda_decode_fb_first_bitwise(M, h, xdt, fdt, newest, monkeypatch, seed):
-    """K3FUSE_KDA_FB_FIRST=1 (the f_b loads first, the conv window converted where used): bitwise the default (o,
-    S_new, the new conv state), every output NaN-poisoned, and within the reference's tolerance."""
-    from k3fuse import ops
-    from k3fuse.codegen import kda_recurrent as kr
-    d, K = 128, 4
-    args = decode_inputs(M, h, d, K, xdt, fdt, xdt)
-    outs = []
-    for v in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_KDA_FB_FIRST", v)
-        assert kr.fb_first() == (v == "1")
-        o = torch.full((M, h * d), float("nan"), device="cuda", dtype=xdt)
-        Sn = torch.full((M, h, d, d), float("nan"), device="cuda")
-        Cn = torch.full_like(args[3], float("nan"))
-        kr.kda_decode(*args, LOWER_BOUND, 1e-5, newest, xdt, out=o, S_new=Sn, conv_new=Cn)
-        torch.cuda.synchronize()
-        outs.append((o, Sn, Cn))
-    for a, b in zip(*outs):
-        assert not torch.isnan(a).any() and torch.equal(a, b)
-    ro, rS, rC = ops.kda_decode._init_fn(*args, LOWER_BOUND, 1e-5, newest, xdt)
-    assert torch.equal(outs[1][2], rC) and rel(outs[1][1], rS) < 1e-4
-    assert rel(outs[1][0], ro) < (1e-2 if xdt == torch.bfloat16 else 1e-4)
-
-
 def test_kda_decode_cuda_impl_in_graph(seed):
     """The registered CUDA impl (torch.ops.k3fuse.kda_decode) replayed in a CUDA graph on new inputs each time."""
     from k3fuse import ops

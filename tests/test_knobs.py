@@ -143,7 +143,7 @@ SETTINGS = {
     "defaults": {},
     "opt_ins": {"K3FUSE_MLA_LOADS_FIRST": "1", "K3FUSE_MLA_CMMA_PRE": "5", "K3FUSE_WG_GATHER": "1",
                 "K3FUSE_MOE_DOWN_AX": "1", "K3FUSE_MOE_DOWN_AXB": "1", "K3FUSE_MOE_DOWN_RING": "1",
-                "K3FUSE_GEMV_WGMMA": "1", "K3FUSE_KDA_FB_FIRST": "1"},
+                "K3FUSE_GEMV_WGMMA": "1"},
     "others": {"K3FUSE_MLA_STAMPS": "1", "K3FUSE_KDA_STAMPS": "1", "K3FUSE_FRN_STAMPS": "1", "K3FUSE_PDL_CHAIN": "0",
                "K3FUSE_MLA_ASYNC": "2", "K3FUSE_MLA_CMMA": "0", "K3FUSE_MLA_PUSH": "0", "K3FUSE_MLA_QFIRST": "0",
                "K3FUSE_FRN_LEAN_TAIL": "0", "K3FUSE_FRN_PRELOAD": "0", "K3FUSE_TOPK_RANK": "0",
