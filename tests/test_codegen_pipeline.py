@@ -172,7 +172,6 @@ def test_linear_group_situ_fallback_on_cpu_matches_composition(caplog, M):
 
 def test_tuning_table_entries_render():
     """Every kernel config in the shipped tuning tables still renders (catches stale entries after template edits)."""
-    import json
     from k3fuse.codegen import gemv, moe_experts, tuning
     tables = sorted(tuning.TABLE_DIR.glob("*.json"))
     assert tables, "no tuning table shipped"

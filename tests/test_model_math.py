@@ -12,7 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from k3fuse.models import KimiK3Cache, KimiK3Config, KimiK3ForCausalLM, situ_glu
+from k3fuse.models import KimiK3Config, KimiK3ForCausalLM, situ_glu
 from k3fuse.models.modeling_kimi_k3 import TP, KimiDeltaAttention, LatentMoE, MultiLatentAttention, Router
 
 D64 = torch.float64
