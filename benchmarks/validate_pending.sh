@@ -98,7 +98,7 @@ elif [ "$part" = s155 ]; then     # session 38 (not run): s152-s154 in one call,
     smoke_or_stop s155 pre_smoke 100 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise and 64-6-True and None and 5"
     smoke_or_stop s155 gl_smoke 100 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-64 and 64"
     smoke_or_stop s155 early_smoke 100 tests/test_mla_kernel_gpu.py \
-        -k "early_loads_bitwise and append_gate and three_launches and 1-4096"
+        -k "early_loads_bitwise and append_gate and 1-4096"
     pytests bitwise3 200 tests/test_mla_kernel_gpu.py tests/test_kernels_gpu.py \
         -k "combine_mma_pre_bitwise or wgmma_gather_bitwise or early_loads_bitwise or combine_mma_tokens_bitwise"
     K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_LOADS_FIRST=1 K3FUSE_WG_GATHER=1 memcheck memcheck3 100 tests/test_mla_kernel_gpu.py \
