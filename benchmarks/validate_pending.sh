@@ -6,11 +6,9 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU test suite, compute-sanitizer memcheck, the runtime's graphs
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
-#   s151   K3FUSE_MOE_DOWN_RING=1 (the routed down's W2 tile ring, TP16): tests, memcheck, A/Bs
 #   s155   s152-s154's three bitwise variants together: smoke, tests, memcheck, one summed A/B; session 39's unified
 #          combine (8 vs 4 tokens bitwise)
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
-#   s156   K3FUSE_MOE_DOWN_AXB=1 (AX's W2 loads one slot per batch, M = 1): tests, memcheck, A/Bs
 #   s152   K3FUSE_MLA_CMMA_PRE=N (the combine's merge-independent loads first): tests, memcheck, A/Bs
 #   s153   K3FUSE_WG_GATHER=1 (the wgmma cluster sum's loads first): tests, memcheck, A/Bs
 #   s154   K3FUSE_MLA_LOADS_FIRST=1 (qabsorb's and the combine's independent loads first): tests, memcheck, A/Bs
@@ -77,21 +75,6 @@ elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one kn
         > "$L/ab.txt" 2>&1
     echo "layer_ab $2 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab.txt" | tee -a "$S"
     cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
-elif [ "$part" = s151 ]; then     # session 37 (not run): the routed down's W2 tile ring (K3FUSE_MOE_DOWN_RING=1, TP16 only):
-    # its bitwise tests (a smoke case first: a wrong wait would mismatch), memcheck, then the A/Bs. The down at TP16
-    # M = 64 ran at 71% of copy in session 36's ncu; each owner CTA waits for RPC = 4 row blocks' tiles one after
-    # another. Predicted: the down -10..-20%, -10..-20 us per layer at TP16 M = 64 (either kind), less at M = 32
-    # (RPC = 2); a risk: 2 CTAs per SM instead of 4 (100 KB of ring each)
-    smoke_or_stop s151 ring_smoke 120 tests/test_moe_kernel_gpu.py -k "down_ring_bit_identical and tp16 and 64"
-    pytests ring 150 tests/test_moe_kernel_gpu.py -k "down_ring_bit_identical"
-    K3FUSE_MOE_DOWN_MMA=1 K3FUSE_MOE_DOWN_RING=1 memcheck memcheck_ring 120 tests/test_moe_kernel_gpu.py \
-        -k "down_mma_matches_reference and tp16 and 64"
-    ab_run down_ring 150 --var K3FUSE_MOE_DOWN_RING=0,1 --kinds kda,mla --tp 16 --ms 64,32 --pairs 8
-    # with the ring, fewer and longer owner CTAs may pay (the ring hides each next row block; the 7 of 8 non-owners
-    # each hold 100 KB while they start and exit): grid cap 8192 -> 2048 (RPC 4 -> 14 at bucket 64, 2 -> 7 at 32)
-    K3FUSE_MOE_DOWN_RING=1 ab_run ring_cap 120 --var K3FUSE_MOE_DOWN_CTAS=8192,2048 --kinds kda --tp 16 --ms 64,32 \
-        --pairs 8
-    tar czf "$OUT/logs_s151.tgz" -C "$L" .
 elif [ "$part" = s155 ]; then     # session 38 (not run): s152-s154 in one call, for a short device budget. All three are bitwise
     # the defaults and only remove serial round trips (codegen/sass.py), so one summed A/B decides whether to take them
     # all; s152-s154 attribute it afterwards. Smoke cases first, each stops the part on a mismatch
@@ -117,18 +100,6 @@ elif [ "$part" = s149 ]; then     # session 37 (not run): the sum of session 37'
     ab_run tp8_ns 80 --var K3FUSE_MLA_CTAS_PER_SM=8,4 --kinds mla --tp 8 --ms 64 --pairs 8
     ab_run ring_ns_mid 90 --var K3FUSE_MLA_CTAS_PER_SM=2,1 --kinds mla --tp 16 --ms 32,16 --pairs 8
     tar czf "$OUT/logs_s149.tgz" -C "$L" .
-elif [ "$part" = s156 ]; then     # session 38 (not run): the per-slot routed down at M = 1 with AX's W2 loads in batches of one
-    # slot (K3FUSE_MOE_DOWN_AXB=1 with K3FUSE_MOE_DOWN_AX=1): at TP8 bucket 1 the SB kernel's round-trip chain is 23 at
-    # 48 registers, AX's 2 at 122 (one 512-thread CTA per SM), AXB=1's 5 at 64 (two); session 22 measured SB and AX
-    # alike at M = 1. The down is TP8 M = 1's largest item above its bytes (61% of copy, 17.1 us for 44 MB).
-    # Predicted: -1..-3 us per layer at TP8 M = 1 (either kind), less at TP16 (22 MB)
-    pytests axb 150 tests/test_moe_kernel_gpu.py -k "down_axb_bit_identical"
-    K3FUSE_MOE_DOWN_AX=1 K3FUSE_MOE_DOWN_AXB=1 memcheck memcheck_axb 80 tests/test_moe_kernel_gpu.py \
-        -k "down_axb_bit_identical and tp8 and 4-4-1"
-    ab_run axb_m1 200 --arms "K3FUSE_MOE_DOWN_AX=0; K3FUSE_MOE_DOWN_AX=1 K3FUSE_MOE_DOWN_AXB=1" --kinds kda,mla \
-        --tp 8,16 --ms 1 --pairs 16
-    K3FUSE_MOE_DOWN_AX=1 ab_run axb_vs_ax 120 --var K3FUSE_MOE_DOWN_AXB=0,1 --kinds kda --tp 8 --ms 1,2 --pairs 12
-    tar czf "$OUT/logs_s156.tgz" -C "$L" .
 elif [ "$part" = s152 ]; then     # session 38 (not run): the 4-token tensor-core combine with its merge-independent loads at
     # its start (K3FUSE_MLA_CMMA_PRE=N: the 4 gate values, whose epilogue loads were 4 serial round trips, and the first
     # N splits' partials; each (max, sum) pair in one pass; the other partials in chunks of 4 splits). codegen/sass.py
@@ -215,6 +186,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, ab, s151, s155, s149, s156, s152, s153, s154, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, ab, s155, s149, s152, s153, s154, s139, s150, s140)" >&2
     exit 2
 fi

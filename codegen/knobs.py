@@ -157,6 +157,9 @@ TABLE: tuple[Knob, ...] = (
        "the tensor-core up's grid cap (unset: the table's, else UP_MMA_CTAS; session 33)"),
     _K("K3FUSE_MOE_DOWN_AX", "", "measured", (MOE,),
        "1 / 0: the per-slot down loads all its W2 vectors ahead of its FMAs (unset: where AX_MEASURED lists)"),
+    _K("K3FUSE_MOE_DOWN_AXB", "", "measured", (MOE,),
+       "N: with AX, the per-slot down's W2 loads N slots per batch (unset: where AXB_MEASURED lists; 0: all at "
+       "once; session 41)"),
     _K("K3FUSE_MOE_DOWN_WE", "1", "measured", (MOE,),
        "the tensor-core down's ballot member scan and per-warp epilogue (session 33: -34.5 us at TP8 M = 64)"),
     _K("K3FUSE_MOE_UP_BALLOT", "1", "measured", (MOE,),
@@ -170,10 +173,6 @@ TABLE: tuple[Knob, ...] = (
        "1: qabsorb's and the CUDA-core combine's loads that wait on nothing issued first (s155)"),
     _K("K3FUSE_MLA_CMMA_PRE", "0", "unmeasured", (MLA,),
        "N: the 4-token tensor-core combine's gate values and first N partials loaded at its start (s155)"),
-    _K("K3FUSE_MOE_DOWN_AXB", "0", "unmeasured", (MOE,),
-       "N (with K3FUSE_MOE_DOWN_AX=1): the per-slot down's W2 loads N slots per batch (s156)"),
-    _K("K3FUSE_MOE_DOWN_RING", "0", "unmeasured", (MOE,),
-       "1: the tensor-core down's W2 tiles through a two-slot cp.async ring (s151)"),
     # --- diagnostics ------------------------------------------------------------------------------------------------
     _K("K3FUSE_FRN_STAMPS", "0", "diagnostic", (FRN,),
        "1: the one-launch kernel writes phase timestamps (frn_timeline.py)"),
@@ -216,6 +215,8 @@ REMOVED: dict[str, str] = {
     "K3FUSE_MLA_ONE_KERNEL": "session 39: the MLA attention's three kernels as one launch with two grid barriers "
                              "(sessions 15-23: slower at TP16 and TP8)",
     "K3FUSE_MLA_ONE_PREFETCH": "session 39: that one launch's L2 prefetch",
+    "K3FUSE_MOE_DOWN_RING": "session 41: the tensor-core down's W2 tiles through a cp.async ring (TP16 M = 32 "
+                            "+7.4 / +8.7 us, M = 64 +2.3 / +0.6 on an H100)",
     "K3FUSE_KDA_FB_FIRST": "session 41: kda_decode's f_b loads before the conv warps' (SASS 18 -> 5 waits; -0.1 / "
                            "-0.2 us per layer at TP16 / TP8 M = 1, within noise)",
     "K3FUSE_GEMV_SPLITK": "session 39: the split-K mma GEMV (gemv_mma_sk; session 19: slower than cuBLAS on 13 of 14 "

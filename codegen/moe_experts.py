@@ -242,30 +242,7 @@ def down_mma(I: int, D: int, KT: int, bucket: int, group: bool, tabled: Optional
     p = dict(DOWNMMA=True, RPC=rpc, UD=ud, DNTG=2 if bucket >= 16 else 1)
     if down_we():
         p["DWE"] = True          # passed only when on: the other sources stay as they were
-        if down_ring() and down_ring_bytes(I) <= DOWN_RING_MAX_BYTES and (16 * nvi) % 32 == 0:
-            p["DRING"] = True    # likewise
     return p
-
-
-DOWN_RING_MAX_BYTES = 104 * 1024    # the ring's shared memory per CTA that leaves two CTAs per SM (228 KB)
-
-
-def down_ring_bytes(I: int) -> int:
-    """Shared memory of the tensor-core down's W2 tile ring: 8 warps x 2 slots x 16 rows x (I + 8) bf16 (rows padded
-    by 16 bytes). TP16's I = 192: 100 KB; TP8's 384: 196 KB, more than two CTAs per SM allow (not taken)."""
-    return 8 * 2 * 16 * (I + 8) * 2
-
-
-def down_ring() -> bool:
-    """K3FUSE_MOE_DOWN_RING=1 (an A/B knob, session 37, not yet run on a GPU; default off): with the per-warp epilogue
-    (down_we), each warp of the tensor-core down keeps its 16-row W2_e tiles in a two-slot shared-memory ring and
-    issues row block rb + 1's tile by cp.async before working on row block rb, where today it loads each row block's
-    tile into registers after the previous one's epilogue: RPC = 4 dependent DRAM round trips per owner CTA at TP16
-    bucket 64 (two load groups each). Why: session 36's ncu at TP16 M = 64: the down at 71% of copy bandwidth
-    (373.9 MB in 125.7 us), the up at 90%. Only where the ring fits two CTAs per SM (down_ring_bytes: I <= 200, i.e.
-    TP16), which halves the resident CTAs against the 4 its 64 registers allow. Bitwise the register-loaded tiles
-    (the same MMAs in the same order). Read at render time (build's memo keys on it)."""
-    return knobs.env("K3FUSE_MOE_DOWN_RING") == "1"
 
 
 def member_lists() -> bool:
@@ -334,9 +311,15 @@ def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Option
 
 
 # (I, bucket) where the layer measured the down with AX faster (session 22, H200, layer_ab K3FUSE_MOE_DOWN_AX=0,1,
-# RESULTS.md): TP8 (I = 384) M = 2 -3.90 us per KDA layer (8 / 8 pairs), M = 4 -5.30 (8 / 8). Not listed: M = 1
-# (TP16 +0.10, TP8 -0.54 .. -0.98, within the spread) and TP16 M = 2 (+1.70, 0 / 8)
-AX_MEASURED = frozenset({(384, 2), (384, 4)})
+# RESULTS.md): TP8 (I = 384) M = 2 -3.90 us per KDA layer (8 / 8 pairs), M = 4 -5.30 (8 / 8). M = 1 only with AXB
+# (below): AX alone measured TP8 -0.54 .. -0.98 there, within the spread (session 22). Not listed: TP16 M = 1 (AX
+# +0.10; AX with AXB = 1 -0.28 / -0.31, session 41) and TP16 M = 2 (+1.70, 0 / 8)
+AX_MEASURED = frozenset({(384, 1), (384, 2), (384, 4)})
+# (I, bucket) -> slots per AX load batch where the layer measured batches faster than all-at-once (session 41, an
+# H100 with the H200 table, layer_ab, us per layer): TP8 M = 1 AX + AXB = 1 against the SB kernel -1.50 (KDA,
+# 14 / 16 pairs) / -1.90 (MLA, 16 / 16); AXB 0 -> 1 with AX -1.50 (12 / 12) at M = 1, -0.96 (9 / 12) at M = 2. M = 4
+# not measured
+AXB_MEASURED = {(384, 1): 1, (384, 2): 1}
 MAX_AX_VECTORS = 32       # 16-byte W2 vectors a down lane holds with AX (128 registers)
 
 
@@ -355,15 +338,17 @@ def down_ax(I: int, KT: int, cfg: dict, bucket: int) -> bool:
     return nvec <= MAX_AX_VECTORS and 4 * nvec + 24 <= min(255, 65536 // (32 * cfg["WD"] * cfg.get("KS", 1)))
 
 
-def down_axb(ksl: int) -> int:
-    """K3FUSE_MOE_DOWN_AXB=N (opt-in, with AX; not run on a GPU): AX's W2 vectors N slots at a time instead of all
-    ksl = KT / KS of a lane's slots at once, a CTA barrier between each batch's loads and its FMAs. Why: at TP8 M = 1
-    (KS = 4, LPR = 8) the SB kernel uses 48 registers and its longest round-trip chain is 23 (ptxas interleaves
-    its loads with the FMAs; codegen/sass.py), AX cuts the chain to 2 but needs 122 registers (one 512-thread CTA per
-    SM instead of two), and the layer measured the two alike (session 22). With N = 1 the chain is ksl + 1 = 5 at
-    fewer registers. The same sums in the same order as AX. 0 (unset), N >= ksl or N not dividing ksl: plain AX.
-    Read when a kernel is rendered."""
-    n = knobs.integer("K3FUSE_MOE_DOWN_AXB", 0)
+def down_axb(I: int, bucket: int, ksl: int) -> int:
+    """With AX: the per-slot down's W2 vectors N slots at a time instead of all ksl = KT / KS of a lane's slots at
+    once, a CTA barrier between each batch's loads and its FMAs. Why: at TP8 M = 1 (KS = 4, LPR = 8) the SB kernel
+    uses 48 registers and its longest round-trip chain is 23 (ptxas interleaves its loads with the FMAs;
+    codegen/sass.py); AX cuts the chain to 2 but needs 122 registers (one 512-thread CTA per SM instead of two), and
+    the layer measured the two alike (session 22); with N = 1 the chain is ksl + 1 = 5 at 64 registers (two CTAs).
+    The same sums in the same order as AX (bitwise). K3FUSE_MOE_DOWN_AXB=N forces N (0: all at once); unset, where
+    AXB_MEASURED lists (I, bucket). N >= ksl or N not dividing ksl: all at once. Read when a kernel is rendered."""
+    n = knobs.integer("K3FUSE_MOE_DOWN_AXB", None)
+    if n is None:
+        n = AXB_MEASURED.get((I, bucket), 0)
     return n if 0 < n < ksl and ksl % n == 0 else 0
 
 
@@ -377,7 +362,7 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
                   DR=cfg["WD"] * (32 // cfg["LPR"]) * cfg["RT"])
     if down_ax(I, KT, cfg, bucket):
         params["AX"] = True      # passed only when on: the other sources stay as they were
-        axb = down_axb(KT // cfg.get("KS", 1))
+        axb = down_axb(I, bucket, KT // cfg.get("KS", 1))
         if axb:
             params["AXB"] = axb  # likewise
     # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were

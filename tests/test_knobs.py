@@ -81,7 +81,7 @@ def test_env_returns_unset_value_and_rejects_unregistered(monkeypatch):
 
 
 def test_key_follows_the_family_variables(monkeypatch):
-    for n in ("K3FUSE_MLA_LOADS_FIRST", "K3FUSE_MOE_DOWN_RING"):
+    for n in ("K3FUSE_MLA_LOADS_FIRST", "K3FUSE_MOE_DOWN_AXB"):
         monkeypatch.delenv(n, raising=False)
     mla, moe = knobs.key("mla_attention"), knobs.key("moe_experts")
     monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "1")
@@ -115,11 +115,11 @@ def test_cli_lists_the_table(capsys, monkeypatch):
     import json
 
     from k3fuse.cli import main
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_RING", "1")
+    monkeypatch.setenv("K3FUSE_WG_GATHER", "1")
     assert main(["knobs", "--kind", "unmeasured", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["knobs"]
     assert {r["name"] for r in rows} == {k.name for k in knobs.TABLE if k.kind == "unmeasured"}
-    assert next(r for r in rows if r["name"] == "K3FUSE_MOE_DOWN_RING")["value"] == "1"
+    assert next(r for r in rows if r["name"] == "K3FUSE_WG_GATHER")["value"] == "1"
     assert main(["knobs"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == len(knobs.TABLE)
     with pytest.raises(SystemExit):
@@ -142,12 +142,13 @@ def _stub_compile(monkeypatch):
 SETTINGS = {
     "defaults": {},
     "opt_ins": {"K3FUSE_MLA_LOADS_FIRST": "1", "K3FUSE_MLA_CMMA_PRE": "5", "K3FUSE_WG_GATHER": "1",
-                "K3FUSE_MOE_DOWN_AX": "1", "K3FUSE_MOE_DOWN_AXB": "1", "K3FUSE_MOE_DOWN_RING": "1",
+                "K3FUSE_MOE_DOWN_AX": "1", "K3FUSE_MOE_DOWN_AXB": "1",
                 "K3FUSE_GEMV_WGMMA": "1"},
     "others": {"K3FUSE_MLA_STAMPS": "1", "K3FUSE_KDA_STAMPS": "1", "K3FUSE_FRN_STAMPS": "1", "K3FUSE_PDL_CHAIN": "0",
                "K3FUSE_MLA_ASYNC": "2", "K3FUSE_MLA_CMMA": "0", "K3FUSE_MLA_PUSH": "0", "K3FUSE_MLA_QFIRST": "0",
                "K3FUSE_FRN_LEAN_TAIL": "0", "K3FUSE_FRN_PRELOAD": "0", "K3FUSE_TOPK_RANK": "0",
-               "K3FUSE_MOE_DOWN_WE": "0", "K3FUSE_MOE_MEMBER_LISTS": "0"},
+               "K3FUSE_MOE_DOWN_WE": "0", "K3FUSE_MOE_MEMBER_LISTS": "0",
+               "K3FUSE_MOE_DOWN_AXB": "0"},
 }
 
 
@@ -196,7 +197,7 @@ def test_every_read_while_building_is_in_the_family_key(monkeypatch, setting):
 @pytest.mark.parametrize("family,var,value,tp,bucket", [
     ("mla_attention", "K3FUSE_MLA_LOADS_FIRST", "1", 8, 1),
     ("kda_recurrent", "K3FUSE_KDA_STAMPS", "1", 16, 1),
-    ("moe_experts", "K3FUSE_MOE_DOWN_RING", "1", 16, 64),
+    ("moe_experts", "K3FUSE_MOE_DOWN_WE", "0", 16, 64),
     ("fused_residual_norm", "K3FUSE_FRN_LEAN_TAIL", "0", 16, 1),
     ("router_topk", "K3FUSE_TOPK_RANK", "0", 16, 1),
     ("gemv", "K3FUSE_PDL_CHAIN", "0", 16, 1),

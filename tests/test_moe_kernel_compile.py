@@ -426,8 +426,10 @@ def test_down_ax_loads_ahead(tp, b, ks, wd, lpr, monkeypatch):
     """K3FUSE_MOE_DOWN_AX=1: where a lane's W2 vectors fit MAX_AX_VECTORS, the down kernel stages the token's
     activations in shared memory (one CTA barrier before the FMAs) and, in the SASS, issues every 128-bit load
     before its first FMA (the default kernel: 3-5); beyond the limit (KS = 1 at TP8: 48 vectors) the SB batches
-    render as before, as where the CTA's register share is too small. No local memory either way."""
+    render as before, as where the CTA's register share is too small. No local memory either way. (AXB = 0: all of
+    a lane's slots at once, where AXB_MEASURED would batch them.)"""
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", "0")
     I = I_TP[tp]
     cfg = dict(me.default_config(E, I, D, KT, b), KS=ks, WD=wd, SB=1, LPR=lpr, RT=1)     # the H200 table's
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
@@ -461,8 +463,7 @@ def test_down_ax_loads_ahead(tp, b, ks, wd, lpr, monkeypatch):
 
 @pytest.mark.parametrize("tp,ks,wd,lpr,axb", [(8, 4, 4, 8, 1), (16, 4, 2, 8, 1), (8, 4, 4, 8, 2)])
 def test_down_axb_batches(tp, ks, wd, lpr, axb, monkeypatch, tmp_path, capfd):
-    """K3FUSE_MOE_DOWN_AXB=N (opt-in, with AX): unset, the AX source is unchanged; N >= KT / KS or not dividing it,
-    plain AX; on, the down kernel loads all ids first, then per batch its W2 vectors behind one CTA barrier each
+    """K3FUSE_MOE_DOWN_AXB=N (with AX): 0, N >= KT / KS or N not dividing it: plain AX; else the down kernel loads all ids first, then per batch its W2 vectors behind one CTA barrier each
     (KSL / N, plus the slot groups' sum); compiled for sm_90a without spills, within 64 registers at N = 1 (two
     512-thread CTAs per SM, where AX takes 122 at TP8) and, with nvdisasm, a round-trip chain of at most KSL / N + 1
     (the SB kernel's at TP8 bucket 1: 23, codegen/sass.py)."""
@@ -471,11 +472,12 @@ def test_down_axb_batches(tp, ks, wd, lpr, axb, monkeypatch, tmp_path, capfd):
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
     I, b, ksl = I_TP[tp], 1, KT // ks
     cfg = dict(me.default_config(E, I, D, KT, b), KS=ks, WD=wd, SB=1, LPR=lpr, RT=1)
-    monkeypatch.delenv("K3FUSE_MOE_DOWN_AXB", raising=False)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", "0")
     ax = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
-    for v in ("0", str(ksl), "3"):
+    assert "AXB" not in ax
+    for v in (str(ksl), "3"):
         monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", v)
-        assert me.down_axb(ksl) == 0 and me.render_source(E, I, D, KT, b, cfg=cfg)[0] == ax
+        assert me.down_axb(I, b, ksl) == 0 and me.render_source(E, I, D, KT, b, cfg=cfg)[0] == ax
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", str(axb))
     src = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
     assert f"AXB = {axb} " in src and src != ax
@@ -492,12 +494,12 @@ def test_down_axb_batches(tp, ks, wd, lpr, axb, monkeypatch, tmp_path, capfd):
 
 
 def test_down_ax_follows_the_measured_rule(monkeypatch):
-    """Unset, K3FUSE_MOE_DOWN_AX takes AX_MEASURED: on at TP8 (I = 384) buckets 2 and 4, where the layer measured it
-    faster, off at bucket 1 and at TP16; =1 forces it where the vectors fit, =0 never."""
+    """Unset, K3FUSE_MOE_DOWN_AX takes AX_MEASURED: on at TP8 (I = 384) buckets 1, 2 and 4, where the layer measured it
+    faster (bucket 1 with AXB), off at TP16; =1 forces it where the vectors fit, =0 never."""
     monkeypatch.delenv("K3FUSE_MOE_DOWN_AX", raising=False)
     cfg8 = dict(me.default_config(E, 384, D, KT, 2), KS=2, WD=2, LPR=16, RT=1, SB=1)
     cfg16 = dict(me.default_config(E, 192, D, KT, 1), KS=4, WD=2, LPR=8, RT=1, SB=1)
-    assert me.down_ax(384, KT, cfg8, 2) and me.down_ax(384, KT, cfg8, 4) and not me.down_ax(384, KT, cfg8, 1)
+    assert me.down_ax(384, KT, cfg8, 2) and me.down_ax(384, KT, cfg8, 4) and me.down_ax(384, KT, cfg8, 1)
     assert not me.down_ax(192, KT, cfg16, 1) and not me.down_ax(192, KT, cfg16, 2)
     assert "sA = smem" in me.render_source(E, 384, D, KT, 2, cfg=cfg8)[0]
     assert "sA = smem" not in me.render_source(E, 192, D, KT, 1, cfg=cfg16)[0]
@@ -507,45 +509,21 @@ def test_down_ax_follows_the_measured_rule(monkeypatch):
     assert not me.down_ax(384, KT, cfg8, 2)
 
 
-@pytest.mark.parametrize("arch,b", [("sm_90a", 64), ("sm_100a", 32)])
-def test_down_mma_ring_compiles(arch, b, monkeypatch, tmp_path, capfd):
-    """K3FUSE_MOE_DOWN_RING=1 (opt-in): each warp of the tensor-core down keeps its 16-row W2 tiles in a two-slot
-    shared-memory ring, the next row block's by cp.async. Off (unset) the source is unchanged; on, at TP16 (I = 192)
-    the down kernel has 2 x 12 16-byte cp.async per lane (row block 0's, then the next one's in the loop), one
-    commit group each, one wait for all but the newest, the same MMAs as without, its W2 reads from shared memory
-    instead of global (the activations' stay global), no local memory and no spills; at TP8 (I = 384: 196 KB) the
-    ring does not fit two CTAs per SM and is not taken."""
-    I = I_TP[16]
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
-    monkeypatch.delenv("K3FUSE_MOE_DOWN_RING", raising=False)
-    plain = me.render_source(E, I, D, KT, b)[0]
-    assert "DRING" not in me.down_mma(I, D, KT, b, True) and "sWr" not in plain
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_RING", "1")
-    assert me.down_mma(I, D, KT, b, True)["DRING"] and "DRING" not in me.down_mma(I_TP[8], D, KT, b, True)
-    assert me.down_ring_bytes(I) == 102400 and me.down_ring_bytes(I_TP[8]) > me.DOWN_RING_MAX_BYTES
-    src = me.render_source(E, I, D, KT, b)[0]
-    assert "cpasync.CopyG2SOp" in src
-    # only the down kernel changed (and the header's parameters and docstring)
-    def code_before_down(x):
-        return x[x.index("\nimport cutlass"):x.index("def down_mma_kernel")]
-    assert code_before_down(src) == code_before_down(plain)
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_RING", "0")
-    k0 = me.build(E, I, D, KT, b, arch=arch, load=False)
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_RING", "1")
-    k = me.build(E, I, D, KT, b, arch=arch, load=False)
-    assert k.key != k0.key and open(k.files["kernel.py"]).read() == src
-    d = entries(open(k.files["kernel.ptx"]).read())["down_mma_kernel"]
-    d0 = entries(open(k0.files["kernel.ptx"]).read())["down_mma_kernel"]
-    nper = 16 * (I // 8) // 32
-    assert len(re.findall(r"cp\.async\.c[ag]\.shared\.global \[[^\]]+\], \[[^\]]+\], 16", d)) == 2 * nper
-    assert d.count("cp.async.commit_group") == 2 and re.findall(r"cp\.async\.wait_group\s+(\d+)", d) == ["1"]
-    mma = r"mma\.sync\.aligned\.m16n8k16"
-    assert len(re.findall(mma, d)) == len(re.findall(mma, d0)) > 0
-    # W2 from shared memory: 2 rows x UD 16-byte shared loads per load group, 2 x UD fewer global ones
-    p = me.down_mma(I, D, KT, b, True)
-    gl = r"ld\.global(?:\.[a-z0-9:_]+)*\.v4"
-    assert len(re.findall(gl, d)) == len(re.findall(gl, d0)) - 2 * p["UD"]
-    assert len(re.findall(r"ld\.shared(?:\.[a-z0-9:_]+)*\.v4", d)) >= 2 * p["UD"]
-    assert "ld.local" not in d and "st.local" not in d
-    # ptxas's report per entry: the down kernel's (the combine kernel spills 16 bytes with or without the ring)
-    assert ptxas_report(src, f"moe_ring_{arch}_{b}", arch, tmp_path, capfd)["down_mma_kernel"][1:] == (0, 0)
+def test_down_axb_follows_the_measured_rule(monkeypatch):
+    """Unset, K3FUSE_MOE_DOWN_AXB takes AXB_MEASURED: one slot per batch at TP8 (I = 384) buckets 1 and 2 (session
+    41's A/Bs), all at once elsewhere (TP8 bucket 4, TP16); =N forces N. The TP8 bucket-1 down at the H200 table's
+    layer config (KS = 4, LPR = 8, WD = 4) renders with AX and AXB = 1; TP16's (WD = 2) without AX."""
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_AXB", raising=False)
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_AX", raising=False)
+    assert me.down_axb(384, 1, 4) == 1 and me.down_axb(384, 2, 4) == 1
+    assert me.down_axb(384, 4, 4) == 0 and me.down_axb(192, 1, 4) == 0
+    cfg8 = dict(me.default_config(E, 384, D, KT, 1), KS=4, WD=4, LPR=8, RT=1, SB=1)
+    cfg16 = dict(me.default_config(E, 192, D, KT, 1), KS=4, WD=2, LPR=8, RT=1, SB=4)
+    src8 = me.render_source(E, 384, D, KT, 1, cfg=cfg8)[0]
+    assert "AXB = 1 " in src8 and "AXB" not in me.render_source(E, 192, D, KT, 1, cfg=cfg16)[0]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", "2")
+    assert me.down_axb(384, 1, 4) == 2 and me.down_axb(192, 1, 4) == 2
+    assert "AXB = 2 " in me.render_source(E, 384, D, KT, 1, cfg=cfg8)[0]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", "0")
+    assert me.down_axb(384, 1, 4) == 0 and "AXB" not in me.render_source(E, 384, D, KT, 1, cfg=cfg8)[0]
+

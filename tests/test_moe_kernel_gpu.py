@@ -214,27 +214,6 @@ def test_moe_down_mma_warp_epilogue_bit_identical(experts, M, monkeypatch):
     _graph_replay_equals(args, outs[1])                          # DOWN_WE=1 still set
 
 
-@pytest.mark.parametrize("M", [2, 16, 33, 64])
-def test_moe_down_ring_bit_identical(experts, M, monkeypatch):
-    """K3FUSE_MOE_DOWN_RING=1 (opt-in; written in session 37 without a GPU): each warp's W2 tiles through a two-slot
-    shared-memory ring by cp.async computes the same MMAs in the same order: the NaN-poisoned output equals the
-    register-loaded tiles' bit for bit (slot 2 one expert for every token: several passes over one ring slot at
-    M = 64), matches the reference, and a CUDA-graph replay reproduces it. TP8's I = 384 does not take the ring."""
-    from k3fuse.codegen import moe_experts as me
-    I = experts[0]
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "1")
-    if me.down_ring_bytes(I) > me.DOWN_RING_MAX_BYTES:
-        monkeypatch.setenv("K3FUSE_MOE_DOWN_RING", "1")
-        assert "sWr = smem" not in me.render_source(E, I, D, KT, bucket_for(M))[0]
-        pytest.skip(f"I = {I}: the ring takes {me.down_ring_bytes(I)} bytes, more than two CTAs per SM allow")
-    args, outs = _variant_runs(experts, M, 11000 + 10 * M + I, "K3FUSE_MOE_DOWN_RING", ("0", "1"), monkeypatch,
-                               lambda on: ("sWr = smem" in me.render_source(E, I, D, KT, bucket_for(M))[0])
-                               == (on == "1"))
-    assert torch.equal(outs[1], outs[0])
-    assert rel(outs[1], reference(*args)) < 1e-2
-    _graph_replay_equals(args, outs[1])                          # DOWN_RING=1 still set
-
-
 @pytest.mark.parametrize("M", [3, 16, 64])
 def test_moe_up_mma_ballot_bit_identical(experts, M, monkeypatch):
     """K3FUSE_MOE_UP_BALLOT=1 (the default: the tensor-core up's member scan by warp ballots) finds the same members
