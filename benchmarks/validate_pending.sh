@@ -6,6 +6,7 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU test suite, compute-sanitizer memcheck, the runtime's graphs
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
+#   s158   the next plan in one call: the AXB default A/B'd on the H200, then s155, then tests
 #   s155   s152-s154's three bitwise variants together: smoke, tests, memcheck, one summed A/B; session 39's unified
 #          combine (8 vs 4 tokens bitwise)
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
@@ -75,6 +76,12 @@ elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one kn
         > "$L/ab.txt" 2>&1
     echo "layer_ab $2 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab.txt" | tee -a "$S"
     cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
+elif [ "$part" = s158 ]; then     # session 41: the next session's whole plan in one call (a machine is released 30 s after a
+    # call and refusals are frequent): session 41's AXB default confirmed on the H200 (it was measured on an H100:
+    # -1.50 / -1.90 us at TP8 M = 1), then s155, then the GPU suite with the new default
+    ab_run axb_h200 110 --var K3FUSE_MOE_DOWN_AXB=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 12
+    bash "$0" s155
+    bash "$0" tests
 elif [ "$part" = s155 ]; then     # session 38 (not run): s152-s154 in one call, for a short device budget. All three are bitwise
     # the defaults and only remove serial round trips (codegen/sass.py), so one summed A/B decides whether to take them
     # all; s152-s154 attribute it afterwards. Smoke cases first, each stops the part on a mismatch
@@ -186,6 +193,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, ab, s155, s149, s152, s153, s154, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, ab, s158, s155, s149, s152, s153, s154, s139, s150, s140)" >&2
     exit 2
 fi
