@@ -158,8 +158,8 @@ TABLE: tuple[Knob, ...] = (
     _K("K3FUSE_MOE_DOWN_AX", "", "measured", (MOE,),
        "1 / 0: the per-slot down loads all its W2 vectors ahead of its FMAs (unset: where AX_MEASURED lists)"),
     _K("K3FUSE_MOE_DOWN_AXB", "", "measured", (MOE,),
-       "N: with AX, the per-slot down's W2 loads N slots per batch (unset: where AXB_MEASURED lists; 0: all at "
-       "once; session 41)"),
+       "N: with AX, the per-slot down's W2 loads N slots per batch (unset: AX_MEASURED's entry; 0: all at once; "
+       "session 41)"),
     _K("K3FUSE_MOE_DOWN_WE", "1", "measured", (MOE,),
        "the tensor-core down's ballot member scan and per-warp epilogue (session 33: -34.5 us at TP8 M = 64)"),
     _K("K3FUSE_MOE_UP_BALLOT", "1", "measured", (MOE,),

@@ -310,16 +310,13 @@ def supports(E: int, I: int, D: int, KT: int, bucket: Optional[int], cfg: Option
     return None
 
 
-# (I, bucket) where the layer measured the down with AX faster (session 22, H200, layer_ab K3FUSE_MOE_DOWN_AX=0,1,
-# RESULTS.md): TP8 (I = 384) M = 2 -3.90 us per KDA layer (8 / 8 pairs), M = 4 -5.30 (8 / 8). M = 1 only with AXB
-# (below): AX alone measured TP8 -0.54 .. -0.98 there, within the spread (session 22). Not listed: TP16 M = 1 (AX
-# +0.10; AX with AXB = 1 -0.28 / -0.31, session 41) and TP16 M = 2 (+1.70, 0 / 8)
-AX_MEASURED = frozenset({(384, 1), (384, 2), (384, 4)})
-# (I, bucket) -> slots per AX load batch where the layer measured batches faster than all-at-once (session 41, an
-# H100 with the H200 table, layer_ab, us per layer): TP8 M = 1 AX + AXB = 1 against the SB kernel -1.50 (KDA,
-# 14 / 16 pairs) / -1.90 (MLA, 16 / 16); AXB 0 -> 1 with AX -1.50 (12 / 12) at M = 1, -0.96 (9 / 12) at M = 2. M = 4
-# not measured
-AXB_MEASURED = {(384, 1): 1, (384, 2): 1}
+# (I, bucket) -> slots per W2 load batch (0: all of a lane's slots at once), where the layer measured the down with AX
+# faster. All at once (session 22, H200, layer_ab K3FUSE_MOE_DOWN_AX=0,1, RESULTS.md): TP8 (I = 384) M = 2 -3.90 us
+# per KDA layer (8 / 8 pairs), M = 4 -5.30 (8 / 8); at M = 1 -0.54 .. -0.98, within the spread. One slot per batch
+# (session 41, an H100 with the H200 table, layer_ab): TP8 M = 1 against the SB kernel -1.50 (KDA, 14 / 16 pairs) /
+# -1.90 (MLA, 16 / 16); 0 -> 1 with AX -1.50 (12 / 12) at M = 1, -0.96 (9 / 12) at M = 2; M = 4 not measured. Not
+# listed: TP16 M = 1 (AX +0.10; with one slot per batch -0.28 / -0.31) and TP16 M = 2 (+1.70, 0 / 8)
+AX_MEASURED = {(384, 1): 1, (384, 2): 1, (384, 4): 0}
 MAX_AX_VECTORS = 32       # 16-byte W2 vectors a down lane holds with AX (128 registers)
 
 
@@ -344,11 +341,9 @@ def down_axb(I: int, bucket: int, ksl: int) -> int:
     uses 48 registers and its longest round-trip chain is 23 (ptxas interleaves its loads with the FMAs;
     codegen/sass.py); AX cuts the chain to 2 but needs 122 registers (one 512-thread CTA per SM instead of two), and
     the layer measured the two alike (session 22); with N = 1 the chain is ksl + 1 = 5 at 64 registers (two CTAs).
-    The same sums in the same order as AX (bitwise). K3FUSE_MOE_DOWN_AXB=N forces N (0: all at once); unset, where
-    AXB_MEASURED lists (I, bucket). N >= ksl or N not dividing ksl: all at once. Read when a kernel is rendered."""
-    n = knobs.integer("K3FUSE_MOE_DOWN_AXB", None)
-    if n is None:
-        n = AXB_MEASURED.get((I, bucket), 0)
+    The same sums in the same order as AX (bitwise). K3FUSE_MOE_DOWN_AXB=N forces N (0: all at once); unset,
+    AX_MEASURED's entry for (I, bucket). N >= ksl or N not dividing ksl: all at once. Read when a kernel is rendered."""
+    n = knobs.integer("K3FUSE_MOE_DOWN_AXB", AX_MEASURED.get((I, bucket), 0))
     return n if 0 < n < ksl and ksl % n == 0 else 0
 
 

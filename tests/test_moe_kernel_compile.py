@@ -427,7 +427,7 @@ def test_down_ax_loads_ahead(tp, b, ks, wd, lpr, monkeypatch):
     activations in shared memory (one CTA barrier before the FMAs) and, in the SASS, issues every 128-bit load
     before its first FMA (the default kernel: 3-5); beyond the limit (KS = 1 at TP8: 48 vectors) the SB batches
     render as before, as where the CTA's register share is too small. No local memory either way. (AXB = 0: all of
-    a lane's slots at once, where AXB_MEASURED would batch them.)"""
+    a lane's slots at once, where AX_MEASURED would batch them.)"""
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", "0")
     I = I_TP[tp]
@@ -463,8 +463,8 @@ def test_down_ax_loads_ahead(tp, b, ks, wd, lpr, monkeypatch):
 
 @pytest.mark.parametrize("tp,ks,wd,lpr,axb", [(8, 4, 4, 8, 1), (16, 4, 2, 8, 1), (8, 4, 4, 8, 2)])
 def test_down_axb_batches(tp, ks, wd, lpr, axb, monkeypatch, tmp_path, capfd):
-    """K3FUSE_MOE_DOWN_AXB=N (with AX): 0, N >= KT / KS or N not dividing it: plain AX; else the down kernel loads all ids first, then per batch its W2 vectors behind one CTA barrier each
-    (KSL / N, plus the slot groups' sum); compiled for sm_90a without spills, within 64 registers at N = 1 (two
+    """K3FUSE_MOE_DOWN_AXB=N (with AX): 0, N >= KT / KS or N not dividing it: plain AX; else the down kernel loads all
+    ids first, then per batch its W2 vectors behind one CTA barrier each (KSL / N, plus the slot groups' sum); compiled for sm_90a without spills, within 64 registers at N = 1 (two
     512-thread CTAs per SM, where AX takes 122 at TP8) and, with nvdisasm, a round-trip chain of at most KSL / N + 1
     (the SB kernel's at TP8 bucket 1: 23, codegen/sass.py)."""
     from k3fuse.codegen import sass
@@ -510,7 +510,7 @@ def test_down_ax_follows_the_measured_rule(monkeypatch):
 
 
 def test_down_axb_follows_the_measured_rule(monkeypatch):
-    """Unset, K3FUSE_MOE_DOWN_AXB takes AXB_MEASURED: one slot per batch at TP8 (I = 384) buckets 1 and 2 (session
+    """Unset, K3FUSE_MOE_DOWN_AXB takes AX_MEASURED's entry: one slot per batch at TP8 (I = 384) buckets 1 and 2 (session
     41's A/Bs), all at once elsewhere (TP8 bucket 4, TP16); =N forces N. The TP8 bucket-1 down at the H200 table's
     layer config (KS = 4, LPR = 8, WD = 4) renders with AX and AXB = 1; TP16's (WD = 2) without AX."""
     monkeypatch.delenv("K3FUSE_MOE_DOWN_AXB", raising=False)
@@ -526,4 +526,3 @@ def test_down_axb_follows_the_measured_rule(monkeypatch):
     assert "AXB = 2 " in me.render_source(E, 384, D, KT, 1, cfg=cfg8)[0]
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", "0")
     assert me.down_axb(384, 1, 4) == 0 and "AXB" not in me.render_source(E, 384, D, KT, 1, cfg=cfg8)[0]
-
