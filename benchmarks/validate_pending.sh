@@ -7,6 +7,7 @@
 #   tests  the GPU test suite, compute-sanitizer memcheck, the runtime's graphs
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s158   the next plan in one call: the AXB default A/B'd on the H200, then s155, then tests
+#   s160   s158 and s159 in one call, most valuable first: the AXB A/B on the H200, the TP8 M = 1 rows, then s155, tests
 #   s159   the TP8 M = 1 README rows with every backend and max-autotune (session 29's s84), with the AXB default
 #   s155   s152-s154's three bitwise variants together: smoke, tests, memcheck, one summed A/B; session 39's unified
 #          combine (8 vs 4 tokens bitwise)
@@ -81,6 +82,15 @@ elif [ "$part" = s158 ]; then     # session 41: the next session's whole plan in
     # call and refusals are frequent): session 41's AXB default confirmed on the H200 (it was measured on an H100:
     # -1.50 / -1.90 us at TP8 M = 1), then s155, then the GPU suite with the new default
     ab_run axb_h200 110 --var K3FUSE_MOE_DOWN_AXB=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 12
+    bash "$0" s155
+    bash "$0" tests
+elif [ "$part" = s160 ]; then     # session 42: four refused tries left budget for one call; all of the plan, most valuable first
+    ab_run axb_h200 110 --var K3FUSE_MOE_DOWN_AXB=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 12
+    timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1 --top 16 --max-autotune \
+        --tag _s42_m1_tp8_mat > "$L/lb_m1_tp8_mat.txt" 2>&1
+    echo "layer TP8 M=1 every backend + max-autotune rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_tp8_mat.txt" | tee -a "$S"
+    cp "$L"/layer_bench_s42_m1_tp8_mat.json "$L"/layer_bench_s42_m1_tp8_mat.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s160a.tgz" -C "$L" .
     bash "$0" s155
     bash "$0" tests
 elif [ "$part" = s159 ]; then     # session 42: the TP8 M = 1 rows again (session 29's were 2.96x / 2.94x Inductor, before AXB)
