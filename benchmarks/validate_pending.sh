@@ -7,6 +7,7 @@
 #   tests  the GPU test suite, compute-sanitizer memcheck, the runtime's graphs
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s158   the next plan in one call: the AXB default A/B'd on the H200, then s155, then tests
+#   s161   s155's three opt-ins summed where s155 did not measure: KDA (WG_GATHER) at M = 16, 64; MLA TP8 M = 1, 4, TP16 M = 4
 #   s160   s158 and s159 in one call, most valuable first: the AXB A/B on the H200, the TP8 M = 1 rows, then s155, tests
 #   s159   the TP8 M = 1 README rows with every backend and max-autotune (session 29's s84), with the AXB default
 #   s155   s152-s154's three bitwise variants together: smoke, tests, memcheck, one summed A/B; session 39's unified
@@ -84,6 +85,13 @@ elif [ "$part" = s158 ]; then     # session 41: the next session's whole plan in
     ab_run axb_h200 110 --var K3FUSE_MOE_DOWN_AXB=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 12
     bash "$0" s155
     bash "$0" tests
+elif [ "$part" = s161 ]; then     # session 42: s155's sum measured MLA at M = 16, 64 only (-1.2..-4.7 us, 6-7 / 8 each)
+    B3="K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_LOADS_FIRST=1 K3FUSE_WG_GATHER=1"
+    ab_run s38_kda 200 --arms "-; $B3" --kinds kda --tp 16,8 --ms 64,16 --pairs 8
+    ab_run s38_mla_small 160 --arms "-; $B3" --kinds mla --tp 8 --ms 1,4 --pairs 8
+    ab_run s38_mla_tp16m4 80 --arms "-; $B3" --kinds mla --tp 16 --ms 4 --pairs 8
+    tar czf "$OUT/logs_s161.tgz" -C "$L" .
+    env $B3 bash "$0" tests
 elif [ "$part" = s160 ]; then     # session 42: four refused tries left budget for one call; all of the plan, most valuable first
     ab_run axb_h200 110 --var K3FUSE_MOE_DOWN_AXB=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 12
     timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1 --top 16 --max-autotune \
