@@ -7,6 +7,7 @@
 #   tests  the GPU test suite, compute-sanitizer memcheck, the runtime's graphs
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s158   the next plan in one call: the AXB default A/B'd on the H200, then s155, then tests
+#   s162   the wgmma GEMV's reference test alone (it failed once on an H100 in s161), then the suite
 #   s161   s155's three opt-ins summed where s155 did not measure: KDA (WG_GATHER) at M = 16, 64; MLA TP8 M = 1, 4, TP16 M = 4
 #   s160   s158 and s159 in one call, most valuable first: the AXB A/B on the H200, the TP8 M = 1 rows, then s155, tests
 #   s159   the TP8 M = 1 README rows with every backend and max-autotune (session 29's s84), with the AXB default
@@ -34,6 +35,7 @@ pytests() {     # pytests NAME TIMEOUT PYTEST_ARGS...: rc, last line and failure
     timeout "$t" python3 -m pytest -q -p no:cacheprovider "$@" > "$L/log_$name.txt" 2>&1
     echo "$name rc=$? $(tail -1 "$L/log_$name.txt")" | tee -a "$S"
     grep -E "^FAILED|^ERROR" "$L/log_$name.txt" | head -8 | tee -a "$S"
+    cp "$L/log_$name.txt" "$OUT/" 2>/dev/null   # each log as it ends: a call cut later still returns it
 }
 memcheck() {    # memcheck NAME TIMEOUT PYTEST_ARGS...: the same tests under compute-sanitizer memcheck
     local name=$1 t=$2; shift 2
@@ -84,6 +86,9 @@ elif [ "$part" = s158 ]; then     # session 41: the next session's whole plan in
     # -1.50 / -1.90 us at TP8 M = 1), then s155, then the GPU suite with the new default
     ab_run axb_h200 110 --var K3FUSE_MOE_DOWN_AXB=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 12
     bash "$0" s155
+    bash "$0" tests
+elif [ "$part" = s162 ]; then     # session 42: test_gemv_wgmma_matches_reference[768-7168-40] failed once on an H100
+    pytests wgmma_ref 200 tests/test_kernels_gpu.py -k "wgmma_matches_reference" -x
     bash "$0" tests
 elif [ "$part" = s161 ]; then     # session 42: s155's sum measured MLA at M = 16, 64 only (-1.2..-4.7 us, 6-7 / 8 each)
     B3="K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_LOADS_FIRST=1 K3FUSE_WG_GATHER=1"
