@@ -6,13 +6,7 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU test suite, compute-sanitizer memcheck, the runtime's graphs
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
-#   s158   the next plan in one call: the AXB default A/B'd on the H200, then s155, then tests
 #   s162   the wgmma GEMV's reference test alone (it failed once on an H100 in s161), then the suite
-#   s161   s155's three opt-ins summed where s155 did not measure: KDA (WG_GATHER) at M = 16, 64; MLA TP8 M = 1, 4, TP16 M = 4
-#   s160   s158 and s159 in one call, most valuable first: the AXB A/B on the H200, the TP8 M = 1 rows, then s155, tests
-#   s159   the TP8 M = 1 README rows with every backend and max-autotune (session 29's s84), with the AXB default
-#   s155   s152-s154's three bitwise variants together: smoke, tests, memcheck, one summed A/B; session 39's unified
-#          combine (8 vs 4 tokens bitwise)
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
 #   s152   K3FUSE_MLA_CMMA_PRE=N (the combine's merge-independent loads first): tests, memcheck, A/Bs
 #   s153   K3FUSE_WG_GATHER=1 (the wgmma cluster sum's loads first): tests, memcheck, A/Bs
@@ -81,51 +75,9 @@ elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one kn
         > "$L/ab.txt" 2>&1
     echo "layer_ab $2 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab.txt" | tee -a "$S"
     cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
-elif [ "$part" = s158 ]; then     # session 41: the next session's whole plan in one call (a machine is released 30 s after a
-    # call and refusals are frequent): session 41's AXB default confirmed on the H200 (it was measured on an H100:
-    # -1.50 / -1.90 us at TP8 M = 1), then s155, then the GPU suite with the new default
-    ab_run axb_h200 110 --var K3FUSE_MOE_DOWN_AXB=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 12
-    bash "$0" s155
-    bash "$0" tests
 elif [ "$part" = s162 ]; then     # session 42: test_gemv_wgmma_matches_reference[768-7168-40] failed once on an H100
     pytests wgmma_ref 200 tests/test_kernels_gpu.py -k "wgmma_matches_reference" -x
     bash "$0" tests
-elif [ "$part" = s161 ]; then     # session 42: s155's sum measured MLA at M = 16, 64 only (-1.2..-4.7 us, 6-7 / 8 each)
-    B3="K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_LOADS_FIRST=1 K3FUSE_WG_GATHER=1"
-    ab_run s38_kda 200 --arms "-; $B3" --kinds kda --tp 16,8 --ms 64,16 --pairs 8
-    ab_run s38_mla_small 160 --arms "-; $B3" --kinds mla --tp 8 --ms 1,4 --pairs 8
-    ab_run s38_mla_tp16m4 80 --arms "-; $B3" --kinds mla --tp 16 --ms 4 --pairs 8
-    tar czf "$OUT/logs_s161.tgz" -C "$L" .
-    env $B3 bash "$0" tests
-elif [ "$part" = s160 ]; then     # session 42: four refused tries left budget for one call; all of the plan, most valuable first
-    ab_run axb_h200 110 --var K3FUSE_MOE_DOWN_AXB=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 12
-    timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1 --top 16 --max-autotune \
-        --tag _s42_m1_tp8_mat > "$L/lb_m1_tp8_mat.txt" 2>&1
-    echo "layer TP8 M=1 every backend + max-autotune rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_tp8_mat.txt" | tee -a "$S"
-    cp "$L"/layer_bench_s42_m1_tp8_mat.json "$L"/layer_bench_s42_m1_tp8_mat.png "$OUT/" 2>/dev/null
-    tar czf "$OUT/logs_s160a.tgz" -C "$L" .
-    bash "$0" s155
-    bash "$0" tests
-elif [ "$part" = s159 ]; then     # session 42: the TP8 M = 1 rows again (session 29's were 2.96x / 2.94x Inductor, before AXB)
-    timeout 420 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1 --top 16 --max-autotune \
-        --tag _s42_m1_tp8_mat > "$L/lb_m1_tp8_mat.txt" 2>&1
-    echo "layer TP8 M=1 every backend + max-autotune rc=$?" | tee -a "$S"; sed -n '/^kind/,/^$/p' "$L/lb_m1_tp8_mat.txt" | tee -a "$S"
-    cp "$L"/layer_bench_s42_m1_tp8_mat.json "$L"/layer_bench_s42_m1_tp8_mat.png "$OUT/" 2>/dev/null
-    bash "$0" tests
-elif [ "$part" = s155 ]; then     # session 38 (not run): s152-s154 in one call, for a short device budget. All three are bitwise
-    # the defaults and only remove serial round trips (codegen/sass.py), so one summed A/B decides whether to take them
-    # all; s152-s154 attribute it afterwards. Smoke cases first, each stops the part on a mismatch
-    smoke_or_stop s155 pre_smoke 100 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise and 64-6-True and None and 5"
-    smoke_or_stop s155 gl_smoke 100 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-64 and 64"
-    smoke_or_stop s155 early_smoke 100 tests/test_mla_kernel_gpu.py \
-        -k "early_loads_bitwise and append_gate and 1-4096"
-    pytests bitwise3 200 tests/test_mla_kernel_gpu.py tests/test_kernels_gpu.py \
-        -k "combine_mma_pre_bitwise or wgmma_gather_bitwise or early_loads_bitwise or combine_mma_tokens_bitwise"
-    K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_LOADS_FIRST=1 K3FUSE_WG_GATHER=1 memcheck memcheck3 100 tests/test_mla_kernel_gpu.py \
-        tests/test_kernels_gpu.py -k "(combine_mma_append_gate_and_graph and 6-True) or (wgmma_gather_bitwise and 768-7168-8-128 and 17) or (early_loads_bitwise and append_gate and 3-1000)"
-    ab_run s38_sum 180 --arms "-; K3FUSE_MLA_CMMA_PRE=5 K3FUSE_MLA_LOADS_FIRST=1 K3FUSE_WG_GATHER=1" --kinds mla \
-        --tp 16,8 --ms 64,16 --pairs 8
-    tar czf "$OUT/logs_s155.tgz" -C "$L" .
 elif [ "$part" = s149 ]; then     # session 37 (not run): the sum of session 37's MLA defaults in one process (layer_ab --arms:
     # arm A = session 36's settings, B = the defaults). s148's single layer_bench rows showed less than the A/Bs' sum
     # (-15 us at TP16 M = 64). At TP8 M = 64 only the 4-token combine differs; at TP16 M = 16 only the ring
