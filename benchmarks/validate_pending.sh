@@ -76,8 +76,11 @@ elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one kn
     echo "layer_ab $2 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab.txt" | tee -a "$S"
     cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
 elif [ "$part" = s162 ]; then     # session 42: test_gemv_wgmma_matches_reference[768-7168-40] failed once on an H100
-    pytests wgmma_ref 200 tests/test_kernels_gpu.py -k "wgmma_matches_reference" -x
-    bash "$0" tests
+    pytests wgmma_ref 200 tests/test_kernels_gpu.py -k "wgmma_matches_reference" -x -rA
+    pytests wgmma_ref2 100 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168-40" -rA
+    pytests kernels 250 tests/test_kernels_gpu.py tests/test_moe_kernel_gpu.py tests/test_mla_kernel_gpu.py \
+        tests/test_kda_kernel_gpu.py tests/test_streams_gpu.py tests/test_router_topk_gpu.py
+    tar czf "$OUT/logs_s162.tgz" -C "$L" .
 elif [ "$part" = s149 ]; then     # session 37 (not run): the sum of session 37's MLA defaults in one process (layer_ab --arms:
     # arm A = session 36's settings, B = the defaults). s148's single layer_bench rows showed less than the A/Bs' sum
     # (-15 us at TP16 M = 64). At TP8 M = 64 only the 4-token combine differs; at TP16 M = 16 only the ring
