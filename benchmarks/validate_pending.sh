@@ -7,10 +7,8 @@
 #   tests  the GPU test suite, compute-sanitizer memcheck, the runtime's graphs
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s162   the wgmma GEMV's reference test alone (it failed once on an H100 in s161), then the suite
+#   s163   session 43's defaults (WG_GATHER, MLA_CMMA_PRE): the kernel tests; each one's share apart
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
-#   s152   K3FUSE_MLA_CMMA_PRE=N (the combine's merge-independent loads first): tests, memcheck, A/Bs
-#   s153   K3FUSE_WG_GATHER=1 (the wgmma cluster sum's loads first): tests, memcheck, A/Bs
-#   s154   K3FUSE_MLA_LOADS_FIRST=1 (qabsorb's and the combine's independent loads first): tests, memcheck, A/Bs
 #   s139   wgmma clusters of 14-16: tests, memcheck, shapes, A/B
 #   s150   ncu of the M = 64 MLA split / combine with session 37's defaults
 #   s140   why 3216x7168's wgmma entry at bucket 16 lost in the layer
@@ -92,38 +90,17 @@ elif [ "$part" = s149 ]; then     # session 37 (not run): the sum of session 37'
     ab_run tp8_ns 80 --var K3FUSE_MLA_CTAS_PER_SM=8,4 --kinds mla --tp 8 --ms 64 --pairs 8
     ab_run ring_ns_mid 90 --var K3FUSE_MLA_CTAS_PER_SM=2,1 --kinds mla --tp 16 --ms 32,16 --pairs 8
     tar czf "$OUT/logs_s149.tgz" -C "$L" .
-elif [ "$part" = s152 ]; then     # session 38 (not run): the 4-token tensor-core combine with its merge-independent loads at
-    # its start (K3FUSE_MLA_CMMA_PRE=N: the 4 gate values, whose epilogue loads were 4 serial round trips, and the first
-    # N splits' partials; each (max, sum) pair in one pass; the other partials in chunks of 4 splits). codegen/sass.py
-    # counts 15 -> 6 serial global round trips on a path (sm_90a, TP16 bucket 64; a lane at NS = 9: 10 -> 3). Bitwise.
-    # Predicted: -1..-3 us per MLA layer where the combine runs (TP16 M = 32, 64; TP8 M = 16-64); more at TP8 (NS 16)
-    smoke_or_stop s152 pre_smoke 120 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise and 64-6-True and None and 5"
-    pytests pre 150 tests/test_mla_kernel_gpu.py -k "combine_mma_pre_bitwise"
-    K3FUSE_MLA_CMMA_PRE=5 memcheck memcheck_pre 100 tests/test_mla_kernel_gpu.py \
-        -k "combine_mma_append_gate_and_graph and 6-True"
-    ab_run cmma_pre 150 --var K3FUSE_MLA_CMMA_PRE=0,5 --kinds mla --tp 16,8 --ms 64,32 --pairs 8
-    ab_run cmma_pre_tp8 60 --var K3FUSE_MLA_CMMA_PRE=0,5 --kinds mla --tp 8 --ms 16 --pairs 8
-    ab_run cmma_pre_n 80 --var K3FUSE_MLA_CMMA_PRE=1,5 --kinds mla --tp 8 --ms 64 --pairs 8
-    tar czf "$OUT/logs_s152.tgz" -C "$L" .
-elif [ "$part" = s153 ]; then     # session 38 (not run): the wgmma split-K cluster sum with every peer value loaded before
-    # the first store (K3FUSE_WG_GATHER=1: config GL). By default each of a thread's NACC / KS accumulator entries is
-    # one serial distributed-shared-memory round trip (inline asm with a memory clobber after the previous store;
-    # codegen/sass.py: 8 at 3584 x 7168 bucket 64 KS = 4); with GL one. Bitwise the default. Predicted: -0.3..-0.8 us
-    # per wgmma kernel with KS > 1 (the table's buckets 16-64), -1..-3 us per layer at M = 16-64
-    smoke_or_stop s153 gl_smoke 120 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-64 and 64"
-    pytests gl 150 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise"
-    memcheck memcheck_gl 80 tests/test_kernels_gpu.py -k "wgmma_gather_bitwise and 768-7168-8-128 and 17"
-    ab_run wg_gather 200 --var K3FUSE_WG_GATHER=0,1 --kinds kda,mla --tp 16,8 --ms 64,32,16 --pairs 8
-    tar czf "$OUT/logs_s153.tgz" -C "$L" .
-elif [ "$part" = s154 ]; then     # session 38 (not run): K3FUSE_MLA_LOADS_FIRST=1, the three-launch MLA kernels' loads that wait on
-    # nothing issued with their first ones: qabsorb's q_pe, row position and k_pe (path 4 -> 2 with the append), the
-    # CUDA-core combine's (max, sum) pairs in one pass (8 -> 5 at TP8 bucket 1; codegen/sass.py). Bitwise the default.
-    # Predicted: -0.3..-1 us per MLA layer where the three launches run (TP8 M = 1-64, TP16 M = 4-64)
-    pytests early 150 tests/test_mla_kernel_gpu.py -k "early_loads_bitwise"
-    K3FUSE_MLA_LOADS_FIRST=1 memcheck memcheck_early 80 tests/test_mla_kernel_gpu.py -k "matches_reference and 3-1000 and 12"
-    ab_run early_tp8 200 --var K3FUSE_MLA_LOADS_FIRST=0,1 --kinds mla --tp 8 --ms 1,2,4,8 --pairs 12
-    ab_run early_tp16 150 --var K3FUSE_MLA_LOADS_FIRST=0,1 --kinds mla --tp 16 --ms 4,8,16 --pairs 8
-    tar czf "$OUT/logs_s154.tgz" -C "$L" .
+elif [ "$part" = s163 ]; then     # session 43: WG_GATHER = 1 and MLA_CMMA_PRE = 5 the defaults (s155 measured them summed;
+    # their tests and memcheck ran there). The GPU kernel suite at the new defaults, then each one's share apart:
+    # CMMA_PRE alone in the MLA layer (predicted -0.5..-2 us at M = 16, 64), WG_GATHER at KDA TP16 M = 16 (s161: +0.4, 2 / 8)
+    pytests kernels 250 tests/test_kernels_gpu.py tests/test_moe_kernel_gpu.py tests/test_mla_kernel_gpu.py \
+        tests/test_kda_kernel_gpu.py tests/test_streams_gpu.py tests/test_router_topk_gpu.py
+    ab_run cmma_pre 150 --var K3FUSE_MLA_CMMA_PRE=0,5 --kinds mla --tp 16,8 --ms 64,16 --pairs 8
+    ab_run wg_tp16_m16 80 --var K3FUSE_WG_GATHER=0,1 --kinds kda --tp 16 --ms 16 --pairs 12
+    # per head at TP8 M = 1 would make MLA 8 kernels there (three launches + q_b: 11); session 30: +1.46 us (3 / 16).
+    # Re-measured with sessions 31-42's changes: flipped if it costs under ~0.5 us
+    ab_run heads_tp8 100 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
+    tar czf "$OUT/logs_s163.tgz" -C "$L" .
 elif [ "$part" = s139 ]; then     # session 36 (not run): the wgmma GEMM with clusters of 14-16 splits (the tuner's
     # candidates where 8 splits leave fewer than 112 CTAs: 768x7168, 1536x7168 at BN = 128, 1152x1536 at BN = 128).
     # Predicted: 768x7168 from 40-44% of copy (96 CTAs) toward 55% with 168-192; -0.5..-1 us per such GEMM standalone

@@ -166,13 +166,12 @@ TABLE: tuple[Knob, ...] = (
        "the tensor-core up's member scan by warp ballots (session 33)"),
     _K("K3FUSE_MOE_MEMBER_LISTS", "1", "measured", (MOE,),
        "the up writes member lists that the down reads instead of scanning the ids (session 35: -0.7..-4.8 us)"),
-    # --- opt-in variants not yet run on a GPU (benchmarks/validate_pending.sh has each one's part) --------------------
-    _K("K3FUSE_WG_GATHER", "0", "unmeasured", (GEMV,),
-       "1: the wgmma split-K cluster sum loads every peer value first (SASS chain 32 -> 2; s155)"),
-    _K("K3FUSE_MLA_LOADS_FIRST", "0", "unmeasured", (MLA,),
-       "1: qabsorb's and the CUDA-core combine's loads that wait on nothing issued first (s155)"),
-    _K("K3FUSE_MLA_CMMA_PRE", "0", "unmeasured", (MLA,),
-       "N: the 4-token tensor-core combine's gate values and first N partials loaded at its start (s155)"),
+    _K("K3FUSE_WG_GATHER", "1", "measured", (GEMV,),
+       "0: the wgmma split-K cluster sum loads each peer value after the previous store (1, session 43's default: "
+       "every peer value first; s155 / s161: -1.1..-3.1 us per KDA layer at M = 16, 64; bitwise)"),
+    _K("K3FUSE_MLA_CMMA_PRE", "5", "measured", (MLA,),
+       "N: the 4-token tensor-core combine's gate values and first N partials loaded at its start; 0 off (session "
+       "43's default 5; s155: with WG_GATHER -1.2..-4.7 us per MLA layer at M = 16, 64; bitwise)"),
     # --- diagnostics ------------------------------------------------------------------------------------------------
     _K("K3FUSE_FRN_STAMPS", "0", "diagnostic", (FRN,),
        "1: the one-launch kernel writes phase timestamps (frn_timeline.py)"),
@@ -208,7 +207,7 @@ REMOVED: dict[str, str] = {
     "K3FUSE_FRN_SPREAD": "session 31: the statistics atomics spread over accumulator copies",
     "K3FUSE_KDA_EARLY": "session 31: kda_decode's own-state loads before the chain's wait",
     "K3FUSE_MLA_EARLY": "session 31: the per-head kernel's first cache tile before the chain's wait (session 38's "
-                        "qabsorb / combine variant is K3FUSE_MLA_LOADS_FIRST)",
+                        "qabsorb / combine variant, K3FUSE_MLA_LOADS_FIRST, went in session 43)",
     "K3FUSE_FRN_EARLY_W": "session 32: the one-launch kernel's weights before the chain's wait",
     "K3FUSE_MOE_PASS_OWNERS": "session 35: the routed down's pass owners",
     "K3FUSE_MLA_QTB": "session 35: qabsorb over several tokens per CTA",
@@ -221,6 +220,8 @@ REMOVED: dict[str, str] = {
                            "-0.2 us per layer at TP16 / TP8 M = 1, within noise)",
     "K3FUSE_GEMV_SPLITK": "session 39: the split-K mma GEMV (gemv_mma_sk; session 19: slower than cuBLAS on 13 of 14 "
                           "K3 cases at M = 16-64, where the wgmma GEMM now runs)",
+    "K3FUSE_MLA_LOADS_FIRST": "session 43: qabsorb's and the CUDA-core combine's independent loads first (s161: "
+                              "-0.30 / -0.25 / -0.15 us per MLA layer at M = 1, 4 on an H100, 4-5 / 8 pairs: noise)",
     "K3FUSE_KDA_FA_SMEM": "session 39: kda_decode's fa staged in shared memory (session 7: 6.0 -> 6.3 us, slower)",
 }
 _BY_FAMILY: dict[str, tuple] = {f: tuple(k.name for k in TABLE if f in k.families) for f in FAMILIES}

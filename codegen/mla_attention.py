@@ -373,31 +373,18 @@ def combine_mma_on(M: int, h: int, v: int, C: int, ns: int) -> bool:
     return ns <= CMMA_MAX_SPLITS and combine_mma_choice(M, h) and combine_mma_reason(v, C) is None
 
 
-def early_loads() -> bool:
-    """K3FUSE_MLA_LOADS_FIRST=1 (opt-in, not run on a GPU): loads that wait on nothing issued with the first ones, in the
-    three-launch kernels. In the sm_90a SASS (codegen/sass.py) each of these was
-    a serial L2 round trip of its own:
-    - qabsorb (QAE): the new cache row's position and k_pe chunk (after the norm's barrier / the row's store) and q_pe
-      (after the q_s stores). Path 4 -> 2 with the append, 4 -> 3 (TP8 bucket 1).
-    - The CUDA-core combine (MLPAIR): each split's (max, sum) pair in its first pass, the sums into shared memory,
-      instead of the sums again after the block max. Path 8 -> 5 at TP8 bucket 1. It runs where the tensor-core
-      combine does not: TP8 M = 1-8, TP16 M = 4-16.
-    The same values and arithmetic: bitwise the default. Read when a kernel is rendered."""
-    return knobs.env("K3FUSE_MLA_LOADS_FIRST") == "1"
-
-
 CMMA_PRE_MAX_REGS = 40    # K3FUSE_MLA_CMMA_PRE's preloaded partials per lane (fp32 registers): 5 splits at CPW3 = 8
 
 
 def combine_mma_pre(v: int, C: int, ctok: int) -> int:
-    """K3FUSE_MLA_CMMA_PRE=N (opt-in; unset or 0: off, the source unchanged): the tensor-core combine with CTOK (4 tokens
-    per CTA) issues at its start the loads that do not depend on its merge: the gate values of its C fragment (in the
+    """K3FUSE_MLA_CMMA_PRE=N (default 5 since session 43; 0: off): the tensor-core combine with CTOK (4 tokens per
+    CTA) issues at its start the loads that do not depend on its merge: the gate values of its C fragment (in the
     epilogue 4 serial L2 round trips, one per output store: codegen/sass.py on the sm_90a SASS) and the first N
     splits' partials (capped at CMMA_PRE_MAX_REGS registers); each split's (max, sum) pair in one pass instead of two;
-    the other partials in chunks of 4 splits without a remainder loop. The same sums in the same order: bitwise the
-    default (tests/test_mla_kernel_gpu.py). Serial global round trips (codegen/sass.py, sm_90a, TP16 bucket 64): the
-    most on a control-flow path 15 -> 6 with N = 5; a lane at NS = 9 splits waits 10 -> 3 times (by hand). Not run on a
-    GPU yet. Read when a kernel is rendered."""
+    the other partials in chunks of 4 splits without a remainder loop. The same sums in the same order: bitwise
+    (tests/test_mla_kernel_gpu.py). Serial global round trips (codegen/sass.py, sm_90a, TP16 bucket 64): the most on
+    a control-flow path 15 -> 6 with N = 5. Measured with WG_GATHER: -1.2..-4.7 us per MLA layer at M = 16, 64
+    (s155). Read when a kernel is rendered."""
     n = knobs.integer("K3FUSE_MLA_CMMA_PRE", 0)
     if n <= 0 or ctok == 8 or combine_mma_reason(v, C, ctok) is not None:
         return 0
@@ -434,8 +421,6 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 **(dict(CMMA=True, UD3=CMMA_UD, MAX_SPLITS3=CMMA_MAX_SPLITS) if cmma else {}),
                 **({"CTOK": int(ctok)} if cmma else {}),
                 **({"PRE3": pre3} if pre3 else {}),
-                **({"MLPAIR": True} if not cmma and early_loads() else {}),
-                **({"QAE": True} if early_loads() else {}),
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
                 **({"ASYNC": True, "ASYNC_2CTA": async_two_ctas(h, r, C, tt) and (hp <= 8 or asy == 2)}
                    if asy else {}),                                                # absent when off: the same source

@@ -783,17 +783,17 @@ def test_gemv_wgmma_no_spills(N, K, b, KS, ST, BN, tmp_path, capfd):
 
 @pytest.mark.parametrize("N,K,b,KS,BN", [(3584, 7168, 64, 4, 64), (7168, 768, 32, 3, 128), (768, 7168, 16, 16, 64)])
 def test_gemv_wgmma_gather_compiles(N, K, b, KS, BN, monkeypatch):
-    """K3FUSE_WG_GATHER=1: route adds GL = 1 to wgmma configs with KS > 1 (only there, and only when set); without
-    it the sources are unchanged. With it the cluster sum's ld.shared::cluster loads are ceil(NACC / KS) x KS per thread
+    """K3FUSE_WG_GATHER (default 1): route adds GL = 1 to wgmma configs with KS > 1 (only there); with 0 it adds
+    nothing. With it the cluster sum's ld.shared::cluster loads are ceil(NACC / KS) x KS per thread
     (one entry per rank stride), all before the first output store in the PTX; in the SASS (codegen/sass.py) a chain of
     at most 3 round trips where the default has one per entry; the same MMAs; no local memory."""
     from k3fuse.codegen import sass
     cfg = gemv.wg_config(N, K, b, KS, 4, BN)
     on = dict(cfg, GL=1)
     assert gemv._clean(on) == on and gemv._clean(dict(cfg, GL=0)) == cfg
-    monkeypatch.delenv("K3FUSE_WG_GATHER", raising=False)
+    monkeypatch.setenv("K3FUSE_WG_GATHER", "0")
     assert gemv._with_gather(cfg) == cfg
-    monkeypatch.setenv("K3FUSE_WG_GATHER", "1")
+    monkeypatch.delenv("K3FUSE_WG_GATHER", raising=False)               # the default
     assert gemv._with_gather(cfg) == on and gemv._with_gather(dict(cfg, KS=1)) == dict(cfg, KS=1)
     assert gemv._with_gather({"variant": "mma", "W": 4}) == {"variant": "mma", "W": 4}
     src0, src = gemv.render_source(N, K, b, cfg)[1], gemv.render_source(N, K, b, on)[1]
@@ -853,14 +853,14 @@ def test_gemv_wgmma_configs_and_route(monkeypatch):
     assert (gemv.route(768, 7168, 64)[0] or {}).get("variant") != "wgmma"
     monkeypatch.setattr(kc, "current_arch", lambda: "sm_90a")
     gemv._device_arch.cache_clear()
-    assert gemv.route(768, 7168, 64)[0] == gemv.wg_default(768, 7168, 64)
-    assert gemv.route(768, 7168, 17)[0] == gemv.wg_default(768, 7168, 32)
+    assert gemv.route(768, 7168, 64)[0] == dict(gemv.wg_default(768, 7168, 64), GL=1)     # KS 8: WG_GATHER's GL
+    assert gemv.route(768, 7168, 17)[0] == dict(gemv.wg_default(768, 7168, 32), GL=1)
     assert (gemv.route(768, 7168, 8)[0] or {}).get("variant") != "wgmma"
     cfg, why = gemv.group_route([3584, 768], 7168, 64)
     assert cfg is None and "wgmma" in why
     monkeypatch.delenv("K3FUSE_GEMV_WGMMA")
     # without the knob the H200 table decides: wgmma where it won in the layer (session 36), not elsewhere
-    assert gemv.route(768, 7168, 64, gpu="nvidia_h200")[0] == {"variant": "wgmma", "KS": 8, "ST": 4, "BN": 64}
+    assert gemv.route(768, 7168, 64, gpu="nvidia_h200")[0] == {"variant": "wgmma", "KS": 8, "ST": 4, "BN": 64, "GL": 1}
     assert (gemv.route(7168, 768, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "wgmma"
     assert (gemv.route(1536, 7168, 64, gpu="nvidia_h200")[0] or {}).get("variant") != "wgmma"   # lost in the layer
     monkeypatch.undo()
@@ -876,6 +876,6 @@ def test_gemv_wgmma_table_entry_routes_on_sm90_only(monkeypatch, tmp_path):
     over.write_text(_json.dumps({"entries": {"gemv:768x7168": {"64": {"variant": "wgmma", "KS": 8, "ST": 4}}}}))
     monkeypatch.setenv("K3FUSE_TUNING_OVERLAY", str(over))
     assert gemv.route(768, 7168, 64, gpu="nvidia_h200", arch="sm_90a")[0] == \
-        {"variant": "wgmma", "KS": 8, "ST": 4, "BN": 64}
+        {"variant": "wgmma", "KS": 8, "ST": 4, "BN": 64, "GL": 1}       # GL: K3FUSE_WG_GATHER's default
     cfg, why = gemv.route(768, 7168, 64, gpu="nvidia_h200", arch="sm_100a")
     assert cfg is None and "sm_90a only" in why

@@ -81,10 +81,10 @@ def test_env_returns_unset_value_and_rejects_unregistered(monkeypatch):
 
 
 def test_key_follows_the_family_variables(monkeypatch):
-    for n in ("K3FUSE_MLA_LOADS_FIRST", "K3FUSE_MOE_DOWN_AXB"):
+    for n in ("K3FUSE_MLA_CMMA_PRE", "K3FUSE_MOE_DOWN_AXB"):
         monkeypatch.delenv(n, raising=False)
     mla, moe = knobs.key("mla_attention"), knobs.key("moe_experts")
-    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "1")
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", "0")
     assert knobs.key("mla_attention") != mla and knobs.key("moe_experts") == moe
 
 
@@ -93,11 +93,13 @@ def test_unknown_set_names_removed_and_misspelt(monkeypatch):
         monkeypatch.delenv(n)
     monkeypatch.setenv("K3FUSE_MLA_QTB", "8")          # removed in session 35
     monkeypatch.setenv("K3FUSE_MLA_ERLY", "1")         # misspelt
-    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "1")   # fine
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", "0")      # fine
+    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "1")   # removed in session 43
     got = knobs.unknown_set()
-    assert len(got) == 2
+    assert len(got) == 3
     assert got[0].startswith("K3FUSE_MLA_ERLY (not a k3fuse variable")
-    assert got[1].startswith("K3FUSE_MLA_QTB (session 35")
+    assert got[1].startswith("K3FUSE_MLA_LOADS_FIRST (session 43")
+    assert got[2].startswith("K3FUSE_MLA_QTB (session 35")
 
 
 def test_backend_warns_once_per_ignored_variable(monkeypatch, caplog):
@@ -115,11 +117,14 @@ def test_cli_lists_the_table(capsys, monkeypatch):
     import json
 
     from k3fuse.cli import main
-    monkeypatch.setenv("K3FUSE_WG_GATHER", "1")
-    assert main(["knobs", "--kind", "unmeasured", "--json"]) == 0
+    monkeypatch.setenv("K3FUSE_WG_GATHER", "0")
+    monkeypatch.delenv("K3FUSE_MLA_CMMA_PRE", raising=False)
+    assert main(["knobs", "--kind", "measured,diagnostic", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["knobs"]
-    assert {r["name"] for r in rows} == {k.name for k in knobs.TABLE if k.kind == "unmeasured"}
-    assert next(r for r in rows if r["name"] == "K3FUSE_WG_GATHER")["value"] == "1"
+    assert {r["name"] for r in rows} == {k.name for k in knobs.TABLE if k.kind in ("measured", "diagnostic")}
+    assert next(r for r in rows if r["name"] == "K3FUSE_WG_GATHER")["value"] == "0"
+    pre = next(r for r in rows if r["name"] == "K3FUSE_MLA_CMMA_PRE")
+    assert pre["value"] is None and pre["unset"] == "5"
     assert main(["knobs"]) == 0
     assert len(capsys.readouterr().out.strip().splitlines()) == len(knobs.TABLE)
     with pytest.raises(SystemExit):
@@ -141,7 +146,7 @@ def _stub_compile(monkeypatch):
 # values (each setting renders every kernel of the K3 configs at TP8 and TP16, buckets 1-64, and the all-reduce ones).
 SETTINGS = {
     "defaults": {},
-    "opt_ins": {"K3FUSE_MLA_LOADS_FIRST": "1", "K3FUSE_MLA_CMMA_PRE": "5", "K3FUSE_WG_GATHER": "1",
+    "opt_ins": {"K3FUSE_MLA_CMMA_PRE": "1", "K3FUSE_WG_GATHER": "0",
                 "K3FUSE_MOE_DOWN_AX": "1", "K3FUSE_MOE_DOWN_AXB": "1",
                 "K3FUSE_GEMV_WGMMA": "1"},
     "others": {"K3FUSE_MLA_STAMPS": "1", "K3FUSE_KDA_STAMPS": "1", "K3FUSE_FRN_STAMPS": "1", "K3FUSE_PDL_CHAIN": "0",
@@ -195,7 +200,7 @@ def test_every_read_while_building_is_in_the_family_key(monkeypatch, setting):
 
 
 @pytest.mark.parametrize("family,var,value,tp,bucket", [
-    ("mla_attention", "K3FUSE_MLA_LOADS_FIRST", "1", 8, 1),
+    ("mla_attention", "K3FUSE_MLA_CMMA_PRE", "0", 16, 64),
     ("kda_recurrent", "K3FUSE_KDA_STAMPS", "1", 16, 1),
     ("moe_experts", "K3FUSE_MOE_DOWN_WE", "0", 16, 64),
     ("fused_residual_norm", "K3FUSE_FRN_LEAN_TAIL", "0", 16, 1),

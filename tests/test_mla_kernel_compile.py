@@ -977,61 +977,26 @@ def test_mla_combine_mma_tokens_compiles(arch, h, gated, monkeypatch):
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("gated", [True, False])
-def test_mla_early_loads_compile(arch, gated, monkeypatch):
-    """K3FUSE_MLA_LOADS_FIRST=1 (opt-in): unset or 0, the sources are unchanged; on, qabsorb loads q_pe (and with the append,
-    the row's position and k_pe chunk) with its first loads, and the CUDA-core combine loads each split's sum in its first pass into shared memory; the tensor-core combine keeps its own
-    merge; compiles without local memory. On sm_90a (with nvdisasm) the most serial round trips on a path drop in
-    qabsorb and the combine (TP8 bucket 1 when written: 4 -> 3 and 8 -> 5; plain qabsorb 3 -> 2)."""
-    from k3fuse.codegen import sass
-    args = dict(h=12, **K3, scale=SCALE, splits=(8, 8), arch=arch,
-                append_eps=1e-6 if gated else None, gate=gated, out_dtype="bfloat16" if gated else "float32")
-    monkeypatch.delenv("K3FUSE_MLA_LOADS_FIRST", raising=False)
-    plain = ma.render_source(**args)
-    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "0")
-    assert ma.render_source(**args) == plain and "sWs" not in plain and "qpe" not in plain
-    k0 = ma.build(**args, load=False)
-    monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", "1")
-    src = ma.render_source(**args)
-    assert src.count("sWs[s] = mMl[m, s, hd, 1]") == 1 and "lsum = lsum + wt * sWs[s]" in src
-    assert "mQs[m, hd, C + j] = qpe[i]" in src
-    assert (src.index("pos = mSl[m]") < src.index("cute.arch.barrier()", src.index("gN[(None,), (tidx,)]"))) if gated \
-        else "pos = mSl[m]" not in src
-    cm = dict(args, splits=(4, 1), cmma=True, ctok=4)
-    assert "sWs[s] = mMl" not in ma.render_source(**cm)           # the tensor-core combine has its own merge
-    k = ma.build(**args, load=False)
-    assert k.source == src and k.key != k0.key
-    ptx = open(k.files["kernel.ptx"]).read()
-    assert "ld.local" not in ptx and "st.local" not in ptx
-    if arch != "sm_90a":
-        return
-    if sass.find_disassembler() is None:
-        pytest.skip("no nvdisasm / cuobjdump: the SASS is not read")
-    for name in ("combine", "qabsorb"):
-        (r0,), (r,) = sass.read(k0.files["kernel.cubin"], name), sass.read(k.files["kernel.cubin"], name)
-        assert r.path < r0.path, name
-
-
-@pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("h,gated", [(6, True), (12, False)])
 def test_mla_combine_mma_pre_compiles(arch, h, gated, monkeypatch, tmp_path, capfd):
-    """K3FUSE_MLA_CMMA_PRE=N (opt-in): unset or 0 the sources are unchanged; on, only the 4-token tensor-core combine
-    changes (8 tokens per CTA and the other kernels keep their source), N is capped at CMMA_PRE_MAX_REGS registers of
-    partials, the key changes; the combine keeps its MMAs and one CTA barrier, and ptxas fits it in 128 registers
-    (two 256-thread CTAs per SM) without spills. Its round trips: tests/test_sass.py."""
+    """K3FUSE_MLA_CMMA_PRE=N (default 5; 0 off): only the 4-token tensor-core combine changes (8 tokens per CTA and the
+    other kernels keep their source), N is capped at CMMA_PRE_MAX_REGS registers of partials, the key changes; the
+    combine keeps its MMAs and one CTA barrier, and ptxas fits it in 128 registers (two 256-thread CTAs per SM)
+    without spills. Its round trips: tests/test_sass.py."""
     args = dict(h=h, **K3, scale=SCALE, splits=(4, 1), append_eps=1e-6 if gated else None, gate=gated,
                 out_dtype="bfloat16" if gated else "float32", cmma=True, arch=arch)
-    monkeypatch.delenv("K3FUSE_MLA_CMMA_PRE", raising=False)
-    four, eight = ma.render_source(**args, ctok=4), ma.render_source(**args, ctok=8)
     monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", "0")
-    assert ma.render_source(**args, ctok=4) == four and "PRE3" not in four
+    four, eight = ma.render_source(**args, ctok=4), ma.render_source(**args, ctok=8)
+    assert "PRE3" not in four
     monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", "64")
     assert ma.combine_mma_pre(128, 512, 4) == ma.CMMA_PRE_MAX_REGS // 8 == 5
     assert ma.combine_mma_pre(128, 512, 8) == 0 and ma.combine_mma_pre(160, 512, 4) == 0
-    monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", "5")
+    monkeypatch.delenv("K3FUSE_MLA_CMMA_PRE", raising=False)           # the default
     assert ma.render_source(**args, ctok=8) == eight                    # the 8-token combine: not this variant
     src = ma.render_source(**args, ctok=4)
     assert "PRE3 = 5 " in src and src != four
+    monkeypatch.setenv("K3FUSE_MLA_CMMA_PRE", "5")
+    assert ma.render_source(**args, ctok=4) == src
     def before_combine(x):     # everything but the combine kernel, the PRE3 constant and the header's parameters
         return [ln for ln in x[:x.index("def combine_mma_kernel")].splitlines()
                 if not ln.startswith(("PRE3 = ", "# params:"))]

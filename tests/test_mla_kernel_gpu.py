@@ -358,37 +358,6 @@ def test_mla_combine_mma_tokens_bitwise(M, h, n_split, monkeypatch, seed):
     _bitwise_with_knob(monkeypatch, "K3FUSE_MLA_CMMA_TOK", "8", "4", args, n_split, "cmma", "MT3 = 4")
 
 
-@pytest.mark.parametrize("M,T,seq_lens,h", [CASES[2] + (12,), CASES[3] + (6,), CASES[5] + (12,), CASES[8] + (6,)])
-@pytest.mark.parametrize("append", [False, True], ids=["plain", "append_gate"])
-def test_mla_early_loads_bitwise(M, T, seq_lens, h, append, monkeypatch, seed):
-    """K3FUSE_MLA_LOADS_FIRST=1 (qabsorb's q_pe, cache-row position and k_pe loaded with its first loads; the CUDA-core
-    combine's (max, sum) pairs in one pass): bitwise the default, the plain variant and the
-    append + gate one (the cache after the append bitwise too), NaN-poisoned outputs, garbage past seq_lens."""
-    from k3fuse.codegen import mla_attention as ma
-    monkeypatch.setenv("K3FUSE_MLA_CMMA", "0")
-    bf = torch.bfloat16
-    qn, qp, cache, kv_b, sl = inputs(M, h, T + 1, seq_lens)
-    kw = {}
-    if append:
-        kw = dict(append=((torch.randn(M, C + R, device="cuda") * 3).to(bf), (torch.rand(C, device="cuda") + 0.5).to(bf),
-                          1e-6), gate=torch.randn(M, h * V, device="cuda").to(bf), out_dtype=bf)
-    seen = _records_builds(monkeypatch)
-    outs, caches = [], []
-    for v in ("0", "1"):
-        monkeypatch.setenv("K3FUSE_MLA_LOADS_FIRST", v)
-        c = cache.clone()
-        o = torch.full((M, h, V), float("nan"), device="cuda", dtype=bf if append else torch.float32)
-        ma.mla_attention(qn, qp, c, kv_b, sl, SCALE, out=o, heads=False, **kw)
-        torch.cuda.synchronize()
-        outs.append(o)
-        caches.append(c)
-    assert [("qpe[i]" in src) for _, src in seen] == [False, True]
-    assert torch.isfinite(outs[1].float()).all() and torch.equal(outs[1], outs[0])
-    assert torch.equal(caches[1].view(torch.int16), caches[0].view(torch.int16))
-    if not append:
-        assert rel(outs[1], reference(qn, qp, cache, kv_b, sl, SCALE)) < 1e-2
-
-
 @pytest.mark.parametrize("pre", ["1", "5"])
 @pytest.mark.parametrize("n_split", [None, 3, 13])
 @pytest.mark.parametrize("M,h,gated", [(17, 12, True), (40, 6, True), (64, 6, True), (64, 12, True), (64, 6, False)])
