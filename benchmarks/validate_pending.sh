@@ -6,7 +6,7 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU test suite, compute-sanitizer memcheck, the runtime's graphs
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
-#   s162   the wgmma GEMV's reference test alone (it failed once on an H100 in s161), then the suite
+#   s162   the wgmma GEMV's reference test case that failed once on an H100 in s161, alone (-rA)
 #   s163   session 43's defaults (WG_GATHER, MLA_CMMA_PRE): the kernel tests; each one's share apart
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
 #   s139   wgmma clusters of 14-16: tests, memcheck, shapes, A/B
@@ -74,11 +74,8 @@ elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one kn
     echo "layer_ab $2 rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab.txt" | tee -a "$S"
     cp "$L"/layer_ab.json "$OUT/" 2>/dev/null
 elif [ "$part" = s162 ]; then     # session 42: test_gemv_wgmma_matches_reference[768-7168-40] failed once on an H100
-    pytests wgmma_ref 200 tests/test_kernels_gpu.py -k "wgmma_matches_reference" -x -rA
+    # (the suite, which has the whole wgmma reference test, is s163's first step)
     pytests wgmma_ref2 100 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168-40" -rA
-    pytests kernels 250 tests/test_kernels_gpu.py tests/test_moe_kernel_gpu.py tests/test_mla_kernel_gpu.py \
-        tests/test_kda_kernel_gpu.py tests/test_streams_gpu.py tests/test_router_topk_gpu.py
-    tar czf "$OUT/logs_s162.tgz" -C "$L" .
 elif [ "$part" = s149 ]; then     # session 37 (not run): the sum of session 37's MLA defaults in one process (layer_ab --arms:
     # arm A = session 36's settings, B = the defaults). s148's single layer_bench rows showed less than the A/Bs' sum
     # (-15 us at TP16 M = 64). At TP8 M = 64 only the 4-token combine differs; at TP16 M = 16 only the ring
@@ -95,11 +92,11 @@ elif [ "$part" = s163 ]; then     # session 43: WG_GATHER = 1 and MLA_CMMA_PRE =
     # CMMA_PRE alone in the MLA layer (predicted -0.5..-2 us at M = 16, 64), WG_GATHER at KDA TP16 M = 16 (s161: +0.4, 2 / 8)
     pytests kernels 250 tests/test_kernels_gpu.py tests/test_moe_kernel_gpu.py tests/test_mla_kernel_gpu.py \
         tests/test_kda_kernel_gpu.py tests/test_streams_gpu.py tests/test_router_topk_gpu.py
-    ab_run cmma_pre 150 --var K3FUSE_MLA_CMMA_PRE=0,5 --kinds mla --tp 16,8 --ms 64,16 --pairs 8
-    ab_run wg_tp16_m16 80 --var K3FUSE_WG_GATHER=0,1 --kinds kda --tp 16 --ms 16 --pairs 12
     # per head at TP8 M = 1 would make MLA 8 kernels there (three launches + q_b: 11); session 30: +1.46 us (3 / 16).
     # Re-measured with sessions 31-42's changes: flipped if it costs under ~0.5 us
     ab_run heads_tp8 100 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 16
+    ab_run cmma_pre 150 --var K3FUSE_MLA_CMMA_PRE=0,5 --kinds mla --tp 16,8 --ms 64,16 --pairs 8
+    ab_run wg_tp16_m16 80 --var K3FUSE_WG_GATHER=0,1 --kinds kda --tp 16 --ms 16 --pairs 12
     tar czf "$OUT/logs_s163.tgz" -C "$L" .
 elif [ "$part" = s139 ]; then     # session 36 (not run): the wgmma GEMM with clusters of 14-16 splits (the tuner's
     # candidates where 8 splits leave fewer than 112 CTAs: 768x7168, 1536x7168 at BN = 128, 1152x1536 at BN = 128).
