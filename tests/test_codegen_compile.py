@@ -531,6 +531,35 @@ def test_gemv_group_situ_compiles(arch, Ns, b, cfg, member):
                                  situ=((member,), 4.0, 25.0))
 
 
+def test_gemv_group_default_is_groupable_or_routes_per_member(monkeypatch):
+    """Every K3 linear group (TP8 / TP16, buckets 1-64) under the H200 table on sm_90a: the group's default config
+    (its concatenation's table entry) is one the grouped kernel takes, or the table names wgmma there (no grouped
+    form) and group_route sends the members to k3fuse::linear. The GPU test asserted the first for every case and
+    failed at 3216 x 7168 bucket 64 (session 43); this is that rule without a GPU."""
+    from k3fuse.codegen import kernels_cli
+    from k3fuse.models.config import KimiK3Config
+    monkeypatch.setattr(kcompile, "current_arch", lambda: "sm_90a")
+    gemv._device_arch.cache_clear()
+    per_member = []
+    try:
+        for tp in (8, 16):
+            for name, (Ns, K) in kernels_cli.group_shapes(KimiK3Config.preset("k3"), tp).items():
+                for b in (1, 2, 4, 8, 16, 32, 64):
+                    if gemv.group_supports(Ns, K, b):
+                        continue
+                    c = gemv.group_config_for(Ns, K, b, gpu="nvidia_h200")
+                    if gemv.group_supports(Ns, K, b, c) is None:
+                        continue
+                    assert c["variant"] == "wgmma", (name, tp, b, c)
+                    cfg, why = gemv.group_route(Ns, K, b, gpu="nvidia_h200", arch="sm_90a")
+                    assert cfg is None and "wgmma" in why, (name, tp, b, cfg)
+                    per_member.append((name, tp, b))
+    finally:
+        monkeypatch.undo()
+        gemv._device_arch.cache_clear()
+    assert per_member        # the H200 table has such entries (TP16 KDA 3216 x 7168 at buckets 32, 64)
+
+
 def test_gemv_group_config_route_and_unchanged_singles(monkeypatch):
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")      # the sources without the PDL chain
     # the KDA group at TP16 takes the config of its 16-row-padded concatenation (3216 x 7168), pdl dropped
