@@ -385,7 +385,7 @@ def combine_mma_pre(v: int, C: int, ctok: int) -> int:
     (tests/test_mla_kernel_gpu.py). Serial global round trips (codegen/sass.py, sm_90a, TP16 bucket 64): the most on
     a control-flow path 15 -> 6 with N = 5. Measured with WG_GATHER: -1.2..-4.7 us per MLA layer at M = 16, 64
     (s155). Read when a kernel is rendered."""
-    n = knobs.integer("K3FUSE_MLA_CMMA_PRE", 0)
+    n = knobs.integer("K3FUSE_MLA_CMMA_PRE", int(knobs.KNOBS["K3FUSE_MLA_CMMA_PRE"].unset))   # set empty: the default
     if n <= 0 or ctok == 8 or combine_mma_reason(v, C, ctok) is not None:
         return 0
     cpw = C // (32 * ((v // 16) // ctok))
