@@ -532,32 +532,30 @@ def test_gemv_group_situ_compiles(arch, Ns, b, cfg, member):
 
 
 def test_gemv_group_default_is_groupable_or_routes_per_member(monkeypatch):
-    """Every K3 linear group (TP8 / TP16, buckets 1-64) under the H200 table on sm_90a: the group's default config
-    (its concatenation's table entry) is one the grouped kernel takes, or the table names wgmma there (no grouped
-    form) and group_route sends the members to k3fuse::linear. The GPU test asserted the first for every case and
-    failed at 3216 x 7168 bucket 64 (session 43); this is that rule without a GPU."""
+    """`k3fuse kernels` for K3 on sm_90a (the H200 table): a group whose concatenation the table gives wgmma (no
+    grouped form) is planned as per-member launches, and group_route declines it too, so the runtime never hands
+    that config to the grouped kernel; every planned group's config is one the grouped kernel takes. The GPU test
+    asserted the default was always groupable and failed at 3216 x 7168 bucket 64 (session 43)."""
     from k3fuse.codegen import kernels_cli
-    from k3fuse.models.config import KimiK3Config
     monkeypatch.setattr(kcompile, "current_arch", lambda: "sm_90a")
     gemv._device_arch.cache_clear()
     per_member = []
     try:
         for tp in (8, 16):
-            for name, (Ns, K) in kernels_cli.group_shapes(KimiK3Config.preset("k3"), tp).items():
-                for b in (1, 2, 4, 8, 16, 32, 64):
-                    if gemv.group_supports(Ns, K, b):
-                        continue
-                    c = gemv.group_config_for(Ns, K, b, gpu="nvidia_h200")
-                    if gemv.group_supports(Ns, K, b, c) is None:
-                        continue
-                    assert c["variant"] == "wgmma", (name, tp, b, c)
-                    cfg, why = gemv.group_route(Ns, K, b, gpu="nvidia_h200", arch="sm_90a")
-                    assert cfg is None and "wgmma" in why, (name, tp, b, cfg)
-                    per_member.append((name, tp, b))
+            jobs, skipped = kernels_cli.plan("k3", tp, [1, 2, 4, 8, 16, 32, 64], "sm_90a")
+            for j in jobs:
+                if j["op"] == "k3fuse::linear_group":
+                    assert gemv.group_supports(j["shape"]["N"], j["shape"]["K"], j["bucket"], j["config"]) is None, j
+            for s in skipped:
+                if s["op"] == "k3fuse::linear_group" and "no grouped form" in s["reason"]:
+                    cfg, why = gemv.group_route(s["shape"]["N"], s["shape"]["K"], s["bucket"], gpu="nvidia_h200",
+                                                arch="sm_90a")
+                    assert cfg is None and "wgmma" in why, (s, cfg)
+                    per_member.append((tp, s["name"], s["bucket"]))
     finally:
         monkeypatch.undo()
         gemv._device_arch.cache_clear()
-    assert per_member        # the H200 table has such entries (TP16 KDA 3216 x 7168 at buckets 32, 64)
+    assert sorted(per_member) == [(16, "kda.q_k_v_g_fa_b", 32), (16, "kda.q_k_v_g_fa_b", 64)]
 
 
 def test_gemv_group_config_route_and_unchanged_singles(monkeypatch):

@@ -507,7 +507,7 @@ def test_gemv_group_matches_reference(Ns, M):
         cfgs = cfgs[1:]
     # the 64-row-CTA config's reduction buffer exceeds shared memory at bucket 64: only configs the kernels take
     cfgs = [c for c in cfgs if gemv.group_supports(Ns, K, b, c) is None]
-    assert cfgs and all(c["variant"] != "wgmma" for c in cfgs)
+    assert cfgs
     for cfg in {str(c): c for c in cfgs}.values():
         x = bf(M, K)
         ws = [bf(n, K, scale=K ** -0.5) for n in Ns]

@@ -132,10 +132,10 @@ def test_jump_table_targets_are_reachable():
 
 @pytest.mark.parametrize("pre", ["0", "5"])
 def test_mla_combine_gate_waits_in_the_sass(pre, monkeypatch, capsys):
-    """The compiled TP16 bucket-64 combine (sm_90a, 4 tokens per CTA, gated): each of the thread's 4 gate
-    values is loaded after the MMAs and waited for on its own with K3FUSE_MLA_CMMA_PRE=0 (4 serial LDG.U16 round trips in
-    the epilogue); with 5 (the default) they load at the start and no global load is waited for after the last MMA; the most serial
-    round trips on a path drop (15 -> 6 when written; a lane at NS = 9 waits 10 -> 3 times by hand)."""
+    """The compiled TP16 bucket-64 combine (sm_90a, 4 tokens per CTA, gated): with K3FUSE_MLA_CMMA_PRE=0 each of the
+    thread's 4 gate values is loaded after the MMAs and waited for on its own (4 serial LDG.U16 round trips in the
+    epilogue); with 5 (the default) they load at the start and no global load is waited for after the last MMA; the
+    most serial round trips on a path drop (15 -> 6 when written; a lane at NS = 9 waits 10 -> 3 times by hand)."""
     pytest.importorskip("cutlass")
     if sass.find_disassembler() is None:
         pytest.skip("no nvdisasm / cuobjdump (pip install nvidia-cuda-nvdisasm)")
