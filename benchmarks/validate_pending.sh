@@ -6,6 +6,7 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
+#   rows   the layer rows at M = 64, 16, then 32 with session 43's defaults (k3fuse only)
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s164   the wgmma reference test that failed once on an H100 (s161), 20 times; synccheck
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
@@ -73,6 +74,16 @@ elif [ "$part" = tests2 ]; then   # compute-sanitizer memcheck on the kernel fam
         -k "(matches_reference or weight_pair) and not graph and not 64"
     pytests runtime_graphs 250 tests/test_runtime_gpu.py
     tar czf "$OUT/logs_tests2.tgz" -C "$L" .
+elif [ "$part" = rows ]; then     # session 44: the M = 16-64 rows after session 43's defaults (WG_GATHER, CMMA_PRE)
+    timeout 300 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64,16 --skip eager,inductor \
+        --top 16 --tag _m64_16 > "$L/lb_m64_16.txt" 2>&1
+    echo "layer M=64,16 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64_16.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_m64_16.json "$L"/layer_bench_m64_16.png "$OUT/" 2>/dev/null
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 32 --skip eager,inductor \
+        --top 16 --tag _m32 > "$L/lb_m32.txt" 2>&1
+    echo "layer M=32 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m32.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_m32.json "$L"/layer_bench_m32.png "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_rows.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
     # (s161, log lost) passed three times on an H100 in session 43. Repeated here, 20 processes (the kernels cached
     # after the first), to tell an intermittent failure (a cluster-sum race?) from a misread log; then synccheck on it
