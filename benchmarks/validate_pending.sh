@@ -8,7 +8,7 @@
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
 #   rows   the layer rows at M = 64, 16, then 32 with session 43's defaults (k3fuse only)
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
-#   s164   the wgmma reference test that failed once on an H100 (s161), 20 times; synccheck
+#   s164   the wgmma reference test that failed once on an H100 (s161): synccheck, racecheck, then repeats
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
 #   s139   wgmma clusters of 14-16: tests, memcheck, shapes, A/B
 #   s150   ncu of the M = 64 MLA split / combine with session 37's defaults
@@ -85,12 +85,16 @@ elif [ "$part" = rows ]; then     # session 44: the M = 16-64 rows after session
     cp "$L"/layer_bench_m32.json "$L"/layer_bench_m32.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_rows.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
-    # (s161, log lost) passed three times on an H100 in session 43. Repeated here, 20 processes (the kernels cached
-    # after the first), to tell an intermittent failure (a cluster-sum race?) from a misread log; then synccheck on it
-    for i in $(seq 20); do pytests "wgmma_rep$i" 60 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168"; done
-    timeout 200 compute-sanitizer --tool synccheck python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py \
-        -k "wgmma_matches_reference and 768-7168-40" > "$L/log_synccheck.txt" 2>&1
-    echo "synccheck rc=$? $(grep -E 'ERROR SUMMARY' "$L/log_synccheck.txt" | tail -1)" | tee -a "$S"
+    # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
+    # The sanitizers first (a cluster-sum race would show there), then repeats, each logged as it ends, until the
+    # call's time runs out
+    for tool in synccheck racecheck; do
+        timeout 170 compute-sanitizer --tool $tool python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py \
+            -k "wgmma_matches_reference and 768-7168-40" > "$L/log_$tool.txt" 2>&1
+        echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/log_$tool.txt" | tail -1) $(grep -E 'passed|failed' "$L/log_$tool.txt" | tail -1)" | tee -a "$S"
+        cp "$L/log_$tool.txt" "$OUT/" 2>/dev/null
+    done
+    for i in $(seq 20); do pytests "wgmma_rep$i" 40 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168"; done
     tar czf "$OUT/logs_s164.tgz" -C "$L" .
 elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one knob, both arms in one process, ABBA replays
     timeout 300 python3 benchmarks/layer_ab.py --out "$L" --var "$2" --kinds kda,mla --tp 16 --ms "${3:-1}" --pairs 40 \
