@@ -7,6 +7,7 @@
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
 #   rows   the layer rows at M = 64, 16, then 32 with session 43's defaults (k3fuse only)
+#   s165   TP8 M = 64: the graph ran ~125 us above its kernels' sum (rows, H100); is it the PDL chain?
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s164   the wgmma reference test that failed once on an H100 (s161): synccheck, racecheck, then repeats
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
@@ -84,6 +85,14 @@ elif [ "$part" = rows ]; then     # session 44: the M = 16-64 rows after session
     echo "layer M=32 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m32.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     cp "$L"/layer_bench_m32.json "$L"/layer_bench_m32.png "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_rows.tgz" -C "$L" .
+elif [ "$part" = s165 ]; then     # session 44's rows (H100): at TP8 M = 64 the graph ran 125 / 136 us (KDA / MLA) above the sum
+    # of its kernels' times in the profiled call; at TP8 M = 16, 32 and at TP16 it ran at or below it. The PDL chain
+    # lets a successor's CTAs become resident early; with 16384-CTA expert grids (TP8 M = 64 only) they may take SM
+    # slots from a streaming kernel. Prediction: if so, the chain off is faster there (and not at M = 32)
+    ab_run pdl_kda64 240 --var K3FUSE_PDL_CHAIN=1,0 --kinds kda --tp 8 --ms 64 --pairs 6
+    ab_run pdl_mla64 200 --var K3FUSE_PDL_CHAIN=1,0 --kinds mla --tp 8 --ms 64 --pairs 6
+    ab_run pdl_kda32 150 --var K3FUSE_PDL_CHAIN=1,0 --kinds kda --tp 8 --ms 32 --pairs 6
+    tar czf "$OUT/logs_s165.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
     # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
     # The sanitizers first (a cluster-sum race would show there), then repeats, each logged as it ends, until the
