@@ -151,6 +151,22 @@ def time_graph(fn, copies, reps=20, per_copy=1):
                       len(copies) * per_copy, reps)[0]
 
 
+def kernel_events(prof):
+    """The profiler's CUDA kernel events (memcpy / memset left out)."""
+    return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
+            and not e.name.lower().startswith(("memcpy", "memset"))]
+
+
+def aggregate(evs, per: int = 1):
+    """[(name[:90], total us / per, launches / per)] by total time: per = the layer calls the events cover."""
+    agg = {}
+    for e in evs:
+        t, c = agg.get(e.name, (0.0, 0))
+        agg[e.name] = (t + e.time_range.elapsed_us(), c + 1)
+    return sorted(((n[:90], round(t / per, 1), round(c / per, 2) if c % per else c // per) for n, (t, c) in agg.items()),
+                  key=lambda r: -r[1])
+
+
 def profile_kernels(fn, m, inp, with_ops=False):
     """Kernels of one un-graphed call: (count, [(name, total us, launches)] by total time, the profiler's events
     with the CPU ops too if with_ops, else None). The times are kernel durations only (no launch gaps), so their sum is
@@ -161,14 +177,40 @@ def profile_kernels(fn, m, inp, with_ops=False):
     with profile(activities=[ProfilerActivity.CUDA] + ([ProfilerActivity.CPU] if with_ops else [])) as prof:
         fn(m, *inp)
         torch.cuda.synchronize()
-    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA
-           and not e.name.lower().startswith(("memcpy", "memset"))]
-    agg = {}
-    for e in evs:
-        t, c = agg.get(e.name, (0.0, 0))
-        agg[e.name] = (t + e.time_range.elapsed_us(), c + 1)
-    top = sorted(((n[:90], round(t, 1), c) for n, (t, c) in agg.items()), key=lambda r: -r[1])
-    return len(evs), top, (prof.events() if with_ops else None)
+    evs = kernel_events(prof)
+    return len(evs), aggregate(evs), (prof.events() if with_ops else None)
+
+
+def profile_graph(fn, copies, rounds: int) -> dict:
+    """--graph-profile: the kernels of one replay of the timed graph (the same copies and rounds as time_graph), per
+    layer call: where the graph's time per layer differs from the un-graphed call's kernel sum, which kernels take
+    it. The replay's span (first kernel start to last kernel end) per layer is set beside their sum."""
+    from torch.profiler import ProfilerActivity, profile
+    from gpu_kernels import capture_graph
+    n = len(copies) * rounds
+    g = capture_graph(lambda i: fn(copies[i % len(copies)][0], *copies[i % len(copies)][1]), n)
+    g.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        g.replay()
+        torch.cuda.synchronize()
+    evs = kernel_events(prof)
+    del g
+    if not evs:     # a profiler that does not see a graph's kernels: say so instead of a zero row
+        return {"graph_profile_error": "no kernel events in the profiled graph replay"}
+    start = min(e.time_range.start for e in evs)
+    end = max(e.time_range.end for e in evs)
+    top = aggregate(evs, n)
+    return {"graph_kernels": top, "graph_kernel_us": round(sum(t for _, t, _ in top), 1),
+            "graph_span_us": round((end - start) / n, 1), "graph_launches": round(len(evs) / n, 2)}
+
+
+def graph_vs_call(call_top, graph_top, most: int = 12) -> list:
+    """(name, us in the un-graphed call, us per layer in the graph, difference) for the kernels whose time differs
+    most between the two, largest first."""
+    a, b = ({n: t for n, t, _ in top} for top in (call_top, graph_top))
+    rows = [(n, a.get(n, 0.0), b.get(n, 0.0), round(b.get(n, 0.0) - a.get(n, 0.0), 1)) for n in set(a) | set(b)]
+    return sorted(rows, key=lambda r: -abs(r[3]))[:most]
 
 
 def ledger(pipes, events, cfg, distinct, bw) -> dict:
@@ -213,6 +255,9 @@ def main():
     ap.add_argument("--without-passes", default="", help="k3fuse passes to leave out (A/B of one fusion), e.g. "
                                                           "fuse_kda_conv_gated_norm")
     ap.add_argument("--tag", default="", help="suffix of the output files (several runs in one directory)")
+    ap.add_argument("--graph-profile", action="store_true",
+                    help="also profile one replay of k3fuse's timed graph: its kernels per layer against the un-graphed "
+                         "call's (where a graph runs above its kernel sum, which kernels take the time)")
     ap.add_argument("--period", choices=("model", "layer"), default="model",
                     help="model: x -> next layer's x, as inside the model (default); layer: sessions 1-4's boundary")
     args = ap.parse_args()
@@ -264,6 +309,12 @@ def main():
                             row["k3fuse_kernel_us"] = round(sum(t for _, t, _ in top), 1)
                             row["k3fuse_top_kernels"] = top[:args.top]
                             row.update(ledger(pipes, evs, cfg, distinct, bw))
+                            if args.graph_profile:
+                                gp = profile_graph(fn, copies, args.graph_rounds)
+                                row.update({f"k3fuse_{k}": v for k, v in gp.items()})
+                                if "graph_kernels" in gp:
+                                    row["k3fuse_graph_vs_call"] = graph_vs_call(top, gp["graph_kernels"])
+                                    row["k3fuse_graph_kernels"] = gp["graph_kernels"][:args.top]
                     except Exception as e:
                         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:400]
                 row["kernels_per_layer"] = row.get("k3fuse_kernels")
@@ -286,6 +337,14 @@ def main():
                   f"kernel's time includes its wait for the previous one); top:")
             for n, t, c in r["k3fuse_top_kernels"]:
                 print(f"  {t:>7.1f} us  x{c:<3} {n}")
+        if r.get("k3fuse_graph_vs_call"):
+            print(f"k3fuse {r['kind']} tp{r['tp']} M{r['M']} in its graph, per layer: kernels {r['k3fuse_graph_kernel_us']} "
+                  f"us, replay span {r['k3fuse_graph_span_us']} us (un-graphed call: {r['k3fuse_kernel_us']} us); the "
+                  f"kernels whose time differs most (call us -> graph us):")
+            for n, a, b, d in r["k3fuse_graph_vs_call"]:
+                print(f"  {a:>7.1f} -> {b:>7.1f} us ({d:+.1f})  {n}")
+        elif r.get("k3fuse_graph_profile_error"):
+            print(f"k3fuse {r['kind']} tp{r['tp']} M{r['M']}: {r['k3fuse_graph_profile_error']}")
         if r.get("k3fuse_op_ledger"):
             print(f"k3fuse {r['kind']} tp{r['tp']} M{r['M']}: bytes per op call (read + written; experts: the chosen) "
                   f"against its kernels' device time in the profiled call, copy {r['copy_TBps']} TB/s:")

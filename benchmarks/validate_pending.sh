@@ -93,18 +93,22 @@ elif [ "$part" = s165 ]; then     # session 44's rows (H100): at TP8 M = 64 the 
     ab_run pdl_mla64 200 --var K3FUSE_PDL_CHAIN=1,0 --kinds mla --tp 8 --ms 64 --pairs 6
     ab_run pdl_kda32 150 --var K3FUSE_PDL_CHAIN=1,0 --kinds kda --tp 8 --ms 32 --pairs 6
     tar czf "$OUT/logs_s165.tgz" -C "$L" .
-elif [ "$part" = s166 ]; then     # one call for what matters most of s165 and rows: the KDA A/B; on an H200 the M = 64 rows
-    # (session 44 ran them on an H100 only), elsewhere s165's MLA A/B and the M = 32 contrast
-    ab_run pdl_kda64 190 --var K3FUSE_PDL_CHAIN=1,0 --kinds kda --tp 8 --ms 64 --pairs 6
+elif [ "$part" = s166 ]; then     # session 44 (not run: loans paused). At TP8 M = 64 the rows' graph ran 125 / 136 us above
+    # the kernel sum of the un-graphed call (PERF_NOTES "Session 44"). First which kernels take it: one graph replay
+    # profiled per layer (layer_bench --graph-profile); then whether the PDL chain is involved (paired A/B); on an
+    # H200 also the README's M = 64 rows with session 43's defaults
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 64 --skip eager,inductor \
+        --top 16 --graph-profile --tag _gp > "$L/lb_gp.txt" 2>&1
+    echo "graph profile TP8 M=64 rc=$?" | tee -a "$S"; sed -n '/in its graph, per layer/,/^k3fuse .*bytes per op/p' "$L/lb_gp.txt" | tee -a "$S"
+    cp "$L"/layer_bench_gp.json "$L/lb_gp.txt" "$OUT/" 2>/dev/null
+    ab_run pdl_kda64 170 --var K3FUSE_PDL_CHAIN=1,0 --kinds kda --tp 8 --ms 64 --pairs 6
     if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
         timeout 190 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip eager,inductor \
             --top 16 --tag _m64 > "$L/lb_m64.txt" 2>&1
         echo "layer M=64 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
         cp "$L"/layer_bench_m64.json "$L"/layer_bench_m64.png "$L/lb_m64.txt" "$OUT/" 2>/dev/null
-        ab_run pdl_mla64 90 --var K3FUSE_PDL_CHAIN=1,0 --kinds mla --tp 8 --ms 64 --pairs 6
     else
-        ab_run pdl_mla64 160 --var K3FUSE_PDL_CHAIN=1,0 --kinds mla --tp 8 --ms 64 --pairs 6
-        ab_run pdl_kda32 110 --var K3FUSE_PDL_CHAIN=1,0 --kinds kda --tp 8 --ms 32 --pairs 6
+        ab_run pdl_mla64 150 --var K3FUSE_PDL_CHAIN=1,0 --kinds mla --tp 8 --ms 64 --pairs 6
     fi
     tar czf "$OUT/logs_s166.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100

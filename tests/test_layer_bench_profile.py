@@ -1,0 +1,28 @@
+"""layer_bench.py's kernel aggregation (CPU): the un-graphed call's list and --graph-profile's per-layer list of a
+graph replay that holds several layer calls, and the comparison of the two."""
+import pathlib
+import sys
+import types
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "benchmarks"))
+import layer_bench as lb  # noqa: E402
+
+
+def ev(name, start, end):
+    rng = types.SimpleNamespace(start=start, end=end, elapsed_us=lambda: end - start)
+    return types.SimpleNamespace(name=name, time_range=rng)
+
+
+def test_aggregate_divides_by_the_layer_calls_and_orders_by_time():
+    # a graph of 2 layer calls, each: up 10 us, combine 3 us, and a kernel only the second call launched
+    evs = [ev("up", 0, 10), ev("combine", 10, 13), ev("up", 20, 31), ev("combine", 31, 34.5), ev("extra", 35, 39)]
+    assert lb.aggregate(evs, 2) == [("up", 10.5, 1), ("combine", 3.2, 1), ("extra", 2.0, 0.5)]
+    # per = 1 is the un-graphed call's list: whole launch counts, names cut at 90 characters
+    assert lb.aggregate([ev("k" * 100, 0, 1.25)]) == [("k" * 90, 1.2, 1)]
+
+
+def test_graph_vs_call_names_the_kernels_that_grew_most():
+    call = [("up", 250.0, 1), ("down", 150.0, 1), ("kda", 21.0, 1)]
+    graph = [("up", 310.5, 1), ("down", 149.0, 1), ("kda", 21.2, 1), ("only_in_graph", 4.0, 1)]
+    rows = lb.graph_vs_call(call, graph, most=3)
+    assert rows == [("up", 250.0, 310.5, 60.5), ("only_in_graph", 0.0, 4.0, 4.0), ("down", 150.0, 149.0, -1.0)]
