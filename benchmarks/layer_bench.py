@@ -310,7 +310,10 @@ def main():
                             row["k3fuse_top_kernels"] = top[:args.top]
                             row.update(ledger(pipes, evs, cfg, distinct, bw))
                             if args.graph_profile:
-                                gp = profile_graph(fn, copies, args.graph_rounds)
+                                try:
+                                    gp = profile_graph(fn, copies, args.graph_rounds)
+                                except Exception as e:  # never lose the row to the diagnostic
+                                    gp = {"graph_profile_error": f"{type(e).__name__}: {e}"[:300]}
                                 row.update({f"k3fuse_{k}": v for k, v in gp.items()})
                                 if "graph_kernels" in gp:
                                     row["k3fuse_graph_vs_call"] = graph_vs_call(top, gp["graph_kernels"])
