@@ -6,8 +6,7 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
-#   rows   the layer rows at M = 64, 16, then 32 with session 43's defaults (k3fuse only)
-#   s165   TP8 M = 64: the graph ran ~125 us above its kernels' sum (rows, H100); is it the PDL chain?
+#   s166   TP8 M = 64: which kernels take the graph's ~125 us above its kernel sum (--graph-profile), the PDL A/B
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s164   the wgmma reference test that failed once on an H100 (s161): synccheck, racecheck, then repeats
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
@@ -75,24 +74,6 @@ elif [ "$part" = tests2 ]; then   # compute-sanitizer memcheck on the kernel fam
         -k "(matches_reference or weight_pair) and not graph and not 64"
     pytests runtime_graphs 250 tests/test_runtime_gpu.py
     tar czf "$OUT/logs_tests2.tgz" -C "$L" .
-elif [ "$part" = rows ]; then     # session 44: the M = 16-64 rows after session 43's defaults (WG_GATHER, CMMA_PRE)
-    timeout 300 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64,16 --skip eager,inductor \
-        --top 16 --tag _m64_16 > "$L/lb_m64_16.txt" 2>&1
-    echo "layer M=64,16 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64_16.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
-    cp "$L"/layer_bench_m64_16.json "$L"/layer_bench_m64_16.png "$OUT/" 2>/dev/null
-    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 32 --skip eager,inductor \
-        --top 16 --tag _m32 > "$L/lb_m32.txt" 2>&1
-    echo "layer M=32 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m32.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
-    cp "$L"/layer_bench_m32.json "$L"/layer_bench_m32.png "$OUT/" 2>/dev/null
-    tar czf "$OUT/logs_rows.tgz" -C "$L" .
-elif [ "$part" = s165 ]; then     # session 44's rows (H100): at TP8 M = 64 the graph ran 125 / 136 us (KDA / MLA) above the sum
-    # of its kernels' times in the profiled call; at TP8 M = 16, 32 and at TP16 it ran at or below it. The PDL chain
-    # lets a successor's CTAs become resident early; with 16384-CTA expert grids (TP8 M = 64 only) they may take SM
-    # slots from a streaming kernel. Prediction: if so, the chain off is faster there (and not at M = 32)
-    ab_run pdl_kda64 240 --var K3FUSE_PDL_CHAIN=1,0 --kinds kda --tp 8 --ms 64 --pairs 6
-    ab_run pdl_mla64 200 --var K3FUSE_PDL_CHAIN=1,0 --kinds mla --tp 8 --ms 64 --pairs 6
-    ab_run pdl_kda32 150 --var K3FUSE_PDL_CHAIN=1,0 --kinds kda --tp 8 --ms 32 --pairs 6
-    tar czf "$OUT/logs_s165.tgz" -C "$L" .
 elif [ "$part" = s166 ]; then     # session 44 (not run: loans paused). At TP8 M = 64 the rows' graph ran 125 / 136 us above
     # the kernel sum of the un-graphed call (PERF_NOTES "Session 44"). First which kernels take it: one graph replay
     # profiled per layer (layer_bench --graph-profile); then whether the PDL chain is involved (paired A/B); on an
