@@ -26,3 +26,48 @@ def test_graph_vs_call_names_the_kernels_that_grew_most():
     graph = [("up", 310.5, 1), ("down", 149.0, 1), ("kda", 21.2, 1), ("only_in_graph", 4.0, 1)]
     rows = lb.graph_vs_call(call, graph, most=3)
     assert rows == [("up", 250.0, 310.5, 60.5), ("only_in_graph", 0.0, 4.0, 4.0), ("down", 150.0, 149.0, -1.0)]
+
+
+def fake_profiler(monkeypatch, events):
+    """torch.profiler.profile replaced by one that returns `events` (the CPU build has no CUDA activity)."""
+    class Fake:
+        def __init__(self, activities):
+            assert activities == [lb.torch.profiler.ProfilerActivity.CUDA]
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return events
+    monkeypatch.setattr(lb.torch.profiler, "profile", Fake)
+    monkeypatch.setattr(lb.torch.cuda, "synchronize", lambda: None)
+
+
+def test_profile_graph_per_layer_kernels_and_span(monkeypatch):
+    import gpu_kernels
+    monkeypatch.setattr(gpu_kernels, "capture_graph", lambda fn, n: types.SimpleNamespace(replay=lambda: None))
+    cuda = lb.torch.autograd.DeviceType.CUDA
+    evs = [ev("up", 0, 10), ev("down", 12, 16), ev("memcpy HtoD", 16, 17), ev("up", 20, 30), ev("down", 31, 35)]
+    for e in evs:
+        e.device_type = cuda
+    cpu_op = ev("aten::mm", 0, 40)
+    cpu_op.device_type = lb.torch.autograd.DeviceType.CPU
+    fake_profiler(monkeypatch, evs + [cpu_op])
+    out = lb.profile_graph(lambda m, *a: None, [("copy0", ()), ("copy1", ())], rounds=1)
+    assert out == {"graph_kernels": [("up", 10.0, 1), ("down", 4.0, 1)], "graph_kernel_us": 14.0,
+                   "graph_span_us": 17.5, "graph_launches": 2.0}
+
+
+def test_profile_graph_says_so_when_the_profiler_sees_no_kernels(monkeypatch):
+    """A profiler that records no kernel of a graph replay gives an error entry, not a row of zeros."""
+    import gpu_kernels
+    replays = []
+    monkeypatch.setattr(gpu_kernels, "capture_graph",
+                        lambda fn, n: types.SimpleNamespace(replay=lambda: replays.append(n)))
+    fake_profiler(monkeypatch, [])
+    out = lb.profile_graph(lambda m, *a: None, [("copy0", ()), ("copy1", ())], rounds=2)
+    assert out == {"graph_profile_error": "no kernel events in the profiled graph replay"}
+    assert replays == [4, 4]            # a warm replay, then the profiled one, of 2 copies x 2 rounds
