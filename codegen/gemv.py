@@ -245,8 +245,8 @@ def wg_gather() -> bool:
     each accumulator entry's KS loads (inline asm with a memory clobber) issue after the previous entry's store, so a
     thread's NACC / KS entries are as many serial distributed-shared-memory round trips (codegen/sass.py on the sm_90a
     SASS: 32 -> 2). The same sums in the same order: bitwise. Measured -1.1..-3.1 us per KDA layer at M = 16, 64
-    (s155 / s161). Read at each route."""
-    return knobs.env("K3FUSE_WG_GATHER") == "1"
+    (s155 / s161). Read at each route; only "0" turns it off (set empty: the default, as K3FUSE_MLA_CMMA_PRE)."""
+    return knobs.env("K3FUSE_WG_GATHER") != "0"
 
 
 def _with_gather(cfg: Optional[dict]) -> Optional[dict]:

@@ -820,6 +820,8 @@ def test_gemv_wgmma_gather_compiles(N, K, b, KS, BN, monkeypatch):
     assert gemv._clean(on) == on and gemv._clean(dict(cfg, GL=0)) == cfg
     monkeypatch.setenv("K3FUSE_WG_GATHER", "0")
     assert gemv._with_gather(cfg) == cfg
+    monkeypatch.setenv("K3FUSE_WG_GATHER", "")                          # set empty: the default
+    assert gemv._with_gather(cfg) == on
     monkeypatch.delenv("K3FUSE_WG_GATHER", raising=False)               # the default
     assert gemv._with_gather(cfg) == on and gemv._with_gather(dict(cfg, KS=1)) == dict(cfg, KS=1)
     assert gemv._with_gather({"variant": "mma", "W": 4}) == {"variant": "mma", "W": 4}

@@ -498,7 +498,8 @@ def test_gemv_group_matches_reference(Ns, M):
             {"variant": "mma", "W": 4, "U": 2, "WN": 2, "RT": 2, "KB": 1}]   # 64-row CTAs: whole tiles past N_i
     if b <= 8:
         cfgs.append({"variant": "simt", "R": 4, "W": 8})                # R = 4: partial CTAs (GPRED)
-    if gemv.group_supports(Ns, K, b, cfgs[0]) is not None:
+    per_member = gemv.group_supports(Ns, K, b, cfgs[0]) is not None
+    if per_member:
         # the GPU's table names a variant with no grouped form for the concatenation (wgmma: 3216 x 7168 at buckets
         # 32, 64 on the H200 table): then the group must route per member, never to that config
         assert cfgs[0]["variant"] == "wgmma" and b >= 16, cfgs[0]
@@ -507,7 +508,7 @@ def test_gemv_group_matches_reference(Ns, M):
         cfgs = cfgs[1:]
     # the 64-row-CTA config's reduction buffer exceeds shared memory at bucket 64: only configs the kernels take
     cfgs = [c for c in cfgs if gemv.group_supports(Ns, K, b, c) is None]
-    assert cfgs
+    assert len(cfgs) >= (1 if per_member else 2)     # the table's config and at least one other, unless it was dropped
     for cfg in {str(c): c for c in cfgs}.values():
         x = bf(M, K)
         ws = [bf(n, K, scale=K ** -0.5) for n in Ns]
