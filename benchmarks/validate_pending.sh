@@ -78,6 +78,12 @@ elif [ "$part" = s166 ]; then     # session 44 (not run: loans paused). At TP8 M
     # the kernel sum of the un-graphed call (PERF_NOTES "Session 44"). First which kernels take it: one graph replay
     # profiled per layer (layer_bench --graph-profile); then whether the PDL chain is involved (paired A/B); on an
     # H200 also the README's M = 64 rows with session 43's defaults
+    # the SM / memory clocks, power and throttle reasons every 200 ms over the whole part: a graph slower than its
+    # kernels by the same factor everywhere would be clocks, not a kernel
+    Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
+    (nvidia-smi --query-gpu=$Q,clocks_event_reasons.active --format=csv,noheader,nounits -lms 200 ||
+     nvidia-smi --query-gpu=$Q,clocks_throttle_reasons.active --format=csv,noheader,nounits -lms 200) \
+        > "$OUT/smi_s166.csv" 2>&1 &
     timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 64 --skip eager,inductor \
         --top 16 --graph-profile --tag _gp > "$L/lb_gp.txt" 2>&1
     echo "graph profile TP8 M=64 rc=$?" | tee -a "$S"; sed -n '/in its graph, per layer/,/^k3fuse .*bytes per op/p' "$L/lb_gp.txt" | tee -a "$S"
@@ -91,6 +97,7 @@ elif [ "$part" = s166 ]; then     # session 44 (not run: loans paused). At TP8 M
     else
         ab_run pdl_mla64 150 --var K3FUSE_PDL_CHAIN=1,0 --kinds mla --tp 8 --ms 64 --pairs 6
     fi
+    pkill -f "nvidia-smi --query-gpu" ; python3 benchmarks/smi_summary.py "$OUT/smi_s166.csv" | tee -a "$S"
     tar czf "$OUT/logs_s166.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
     # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
