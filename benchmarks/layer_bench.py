@@ -202,7 +202,21 @@ def profile_graph(fn, copies, rounds: int) -> dict:
     end = max(e.time_range.end for e in evs)
     top = aggregate(evs, n)
     return {"graph_kernels": top, "graph_kernel_us": round(sum(t for _, t, _ in top), 1),
-            "graph_span_us": round((end - start) / n, 1), "graph_launches": round(len(evs) / n, 2)}
+            "graph_span_us": round((end - start) / n, 1), "graph_launches": round(len(evs) / n, 2),
+            "graph_per_call": per_call(evs, n)}
+
+
+def per_call(evs, n: int) -> list:
+    """[(kernel us, span us)] of each of the graph's n layer calls, in launch order (copy 0, 1, 0, ...): the events
+    by start time cut into n equal runs (every call launches the same kernels). Tells one copy's slower layer (its
+    own routing: another hottest expert) from every call slowing alike."""
+    evs = sorted(evs, key=lambda e: e.time_range.start)
+    k = len(evs) // n
+    if k * n != len(evs):
+        return []
+    runs = [evs[i * k:(i + 1) * k] for i in range(n)]
+    return [(round(sum(e.time_range.elapsed_us() for e in r), 1),
+             round(max(e.time_range.end for e in r) - min(e.time_range.start for e in r), 1)) for r in runs]
 
 
 def graph_vs_call(call_top, graph_top, most: int = 12) -> list:
@@ -346,6 +360,7 @@ def main():
                   f"kernels whose time differs most (call us -> graph us):")
             for n, a, b, d in r["k3fuse_graph_vs_call"]:
                 print(f"  {a:>7.1f} -> {b:>7.1f} us ({d:+.1f})  {n}")
+            print(f"  per layer call of the replay (kernel us, span us): {r.get('k3fuse_graph_per_call')}")
         elif r.get("k3fuse_graph_profile_error"):
             print(f"k3fuse {r['kind']} tp{r['tp']} M{r['M']}: {r['k3fuse_graph_profile_error']}")
         if r.get("k3fuse_op_ledger"):

@@ -58,7 +58,7 @@ def test_profile_graph_per_layer_kernels_and_span(monkeypatch):
     fake_profiler(monkeypatch, evs + [cpu_op])
     out = lb.profile_graph(lambda m, *a: None, [("copy0", ()), ("copy1", ())], rounds=1)
     assert out == {"graph_kernels": [("up", 10.0, 1), ("down", 4.0, 1)], "graph_kernel_us": 14.0,
-                   "graph_span_us": 17.5, "graph_launches": 2.0}
+                   "graph_span_us": 17.5, "graph_launches": 2.0, "graph_per_call": [(14, 16), (14, 15)]}
 
 
 def test_profile_graph_says_so_when_the_profiler_sees_no_kernels(monkeypatch):
@@ -71,3 +71,11 @@ def test_profile_graph_says_so_when_the_profiler_sees_no_kernels(monkeypatch):
     out = lb.profile_graph(lambda m, *a: None, [("copy0", ()), ("copy1", ())], rounds=2)
     assert out == {"graph_profile_error": "no kernel events in the profiled graph replay"}
     assert replays == [4, 4]            # a warm replay, then the profiled one, of 2 copies x 2 rounds
+
+
+def test_per_call_cuts_the_replay_into_its_layer_calls():
+    # 2 calls of 2 kernels each, listed out of order; the second call's up is slower
+    evs = [ev("up", 20, 40), ev("up", 0, 10), ev("combine", 10, 13), ev("combine", 40, 42)]
+    assert lb.per_call(evs, 2) == [(13, 13), (22, 22)]
+    # a launch count that does not divide: no per-call list rather than a wrong one
+    assert lb.per_call(evs[:3], 2) == []
