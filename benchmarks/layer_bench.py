@@ -121,6 +121,18 @@ def chosen_experts(cfg, m: OneLayer, M) -> int:
     return ids.unique().numel()
 
 
+def routed_experts(fn, m: OneLayer, inp) -> int:
+    """Distinct experts the layer's own router picks in one call fn(m, *inp) (eager: the hook sees the router module
+    run): what the timed graph reads for this copy, where chosen_experts routes fresh random rows."""
+    seen = []
+    h = m.layer.mlp.gate.register_forward_hook(lambda mod, a, out: seen.append(out[0]))
+    try:
+        fn(m, *clone_inputs(inp))
+    finally:
+        h.remove()
+    return torch.cat([ids.flatten() for ids in seen]).unique().numel()
+
+
 def floor_bytes(cfg, m: OneLayer, inp, M, distinct: int | None = None) -> int:
     """Bytes the layer must move: every weight it reads once (experts: the `distinct` chosen, by default those of
     chosen_experts), state read + written."""
@@ -306,6 +318,13 @@ def main():
                 fb = floor_bytes(cfg, layers[0], base, M, distinct)
                 row["floor_MB"], row["floor_us"] = round(fb / 1e6, 1), round(fb / bw * 1e6, 1)
                 ref = vs["eager"](layers[0], *clone_inputs(base))
+                # the floor of what the graph replays: copies 0 and 1 in turn, each with its own router, so each its
+                # own chosen experts (session 45: copy 1's MLA TP8 M = 64 layer ran 56 us longer than copy 0's);
+                # floor_us stays chosen_experts' (random rows, copy 0) for the tables' continuity
+                row["distinct"] = distinct
+                row["routed_distinct_per_copy"] = [routed_experts(vs["eager"], l, base) for l in layers]
+                row["floor_copies_us"] = round(sum(floor_bytes(cfg, l, base, M, d) for l, d in zip(
+                    layers, row["routed_distinct_per_copy"])) / len(layers) / bw * 1e6, 1)
                 for name, fn in vs.items():
                     try:
                         t0 = time.perf_counter()
@@ -346,7 +365,9 @@ def main():
         cells = [f"{r.get(n + '_us', float('nan')):>8.1f}/{r.get(n + '_kernels', 0):<5}" for n in names]
         k = r.get("k3fuse_us")
         print(f"{r['kind']:<4} {r['tp']:>3} {r['M']:>3} {r['floor_us']:>9.1f} " + " ".join(f"{c:>14}" for c in cells)
-              + (f"  {k / r['floor_us']:.2f}x" if k else ""))
+              + (f"  {k / r['floor_us']:.2f}x" if k else "")
+              + (f"  (copies' own routing: floor {r['floor_copies_us']} us, {k / r['floor_copies_us']:.2f}x, "
+                 f"experts {r['routed_distinct_per_copy']} vs {r['distinct']})" if k and r.get("floor_copies_us") else ""))
     for r in rows:
         if r.get("k3fuse_top_kernels"):
             print(f"\nk3fuse {r['kind']} tp{r['tp']} M{r['M']}: {r['k3fuse_kernels']} kernels, "

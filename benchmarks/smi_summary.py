@@ -45,7 +45,7 @@ def main():
     if not s["rows"]:
         print(f"smi: no samples in {sys.argv[1]}")
         return
-    cols = "; ".join(f"{k} {lo:g} / {med:g} / {hi:g}" for k, (lo, med, hi) in s.items() if k in COLUMNS)
+    cols = "; ".join(f"{k} {s[k][0]:g} / {s[k][1]:g} / {s[k][2]:g}" for k in COLUMNS if k in s)
     reasons = ", ".join(f"{k} {v:.0%}" for k, v in s["reasons"].items()) or "none"
     print(f"smi ({s['rows']} samples, min / median / max): {cols}; clock-event reasons active: {reasons}")
 

@@ -6,7 +6,7 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
-#   s166   TP8 M = 64: which kernels take the graph's ~125 us above its kernel sum (--graph-profile), the PDL A/B
+#   s167   the M = 64 rows at 16 layers per graph with each copy's own floor; the TP16 M = 1 rows
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s164   the wgmma reference test that failed once on an H100 (s161): synccheck, racecheck, then repeats
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
@@ -80,10 +80,11 @@ elif [ "$part" = s166 ]; then     # session 44 (not run: loans paused). At TP8 M
     # H200 also the README's M = 64 rows with session 43's defaults
     # the SM / memory clocks, power and throttle reasons every 200 ms over the whole part: a graph slower than its
     # kernels by the same factor everywhere would be clocks, not a kernel
-    Q=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu
-    (nvidia-smi --query-gpu=$Q,clocks_event_reasons.active --format=csv,noheader,nounits -lms 200 ||
-     nvidia-smi --query-gpu=$Q,clocks_throttle_reasons.active --format=csv,noheader,nounits -lms 200) \
-        > "$OUT/smi_s166.csv" 2>&1 &
+    R=clocks_event_reasons.active    # the older drivers' name is clocks_throttle_reasons.active
+    nvidia-smi --query-gpu=$R --format=csv,noheader > /dev/null 2>&1 || R=clocks_throttle_reasons.active
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,$R --format=csv,noheader,nounits \
+        -lms 200 > "$OUT/smi_s166.csv" 2>&1 &
+    SMI=$!
     timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 64 --skip eager,inductor \
         --top 16 --graph-profile --tag _gp > "$L/lb_gp.txt" 2>&1
     echo "graph profile TP8 M=64 rc=$?" | tee -a "$S"; sed -n '/in its graph, per layer/,/^k3fuse .*bytes per op/p' "$L/lb_gp.txt" | tee -a "$S"
@@ -97,8 +98,22 @@ elif [ "$part" = s166 ]; then     # session 44 (not run: loans paused). At TP8 M
     else
         ab_run pdl_mla64 150 --var K3FUSE_PDL_CHAIN=1,0 --kinds mla --tp 8 --ms 64 --pairs 6
     fi
-    pkill -f "nvidia-smi --query-gpu" ; python3 benchmarks/smi_summary.py "$OUT/smi_s166.csv" | tee -a "$S"
+    # by its pid: a pkill -f of its command line also matched the device call's own shell (s166's rc -1)
+    kill $SMI; python3 benchmarks/smi_summary.py "$OUT/smi_s166.csv" | tee -a "$S"
     tar czf "$OUT/logs_s166.tgz" -C "$L" .
+elif [ "$part" = s167 ]; then     # session 45. (1) The M = 64 rows with 16 layers per graph (--graph-rounds 8) and
+    # the floor of each copy's own routing: s166 (H200) found each replay's kernels span 785 / 798 us per layer where the
+    # graph timed 822 / 880 (the graph launch's host time, shared by 2 layers), and copy 1's MLA layer 56 us longer
+    # than copy 0's. (2) The TP16 M = 1 rows, last run in session 29 (s83), at this commit
+    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip eager,inductor \
+        --top 16 --graph-rounds 8 --tag _m64r8 > "$L/lb_m64r8.txt" 2>&1
+    echo "layer M=64 graph-rounds 8 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64r8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_m64r8.json "$L/lb_m64r8.txt" "$OUT/" 2>/dev/null
+    timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
+        --tag _m1tp16 > "$L/lb_m1tp16.txt" 2>&1
+    echo "layer TP16 M=1 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m1tp16.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_m1tp16.json "$L"/layer_bench_m1tp16.png "$L/lb_m1tp16.txt" "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s167.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
     # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
     # The sanitizers first (a cluster-sum race would show there), then repeats, each logged as it ends, until the

@@ -79,3 +79,24 @@ def test_per_call_cuts_the_replay_into_its_layer_calls():
     assert lb.per_call(evs, 2) == [(13, 13), (22, 22)]
     # a launch count that does not divide: no per-call list rather than a wrong one
     assert lb.per_call(evs[:3], 2) == []
+
+
+def test_routed_experts_counts_the_layers_own_routing():
+    """The per-copy floor's expert count: the distinct ids the layer's router module returned in the call."""
+    import torch
+    from k3fuse.models import KimiK3Cache
+
+    class Gate(torch.nn.Module):
+        def forward(self, x):           # token i picks experts (3i, 3i + 1) mod 8: at M = 4 ids 0-4, 6, 7 (7 of 8)
+            ids = torch.stack([torch.arange(x.shape[0]) * 3, torch.arange(x.shape[0]) * 3 + 1], 1) % 8
+            return ids, torch.ones(ids.shape)
+
+    m = torch.nn.Module()
+    m.layer = torch.nn.Module()
+    m.layer.mlp = torch.nn.Module()
+    m.layer.mlp.gate = Gate()
+    calls = []
+    fn = lambda mod, x, cache: calls.append(mod.layer.mlp.gate(x))
+    inp = [torch.randn(4, 16), KimiK3Cache([None], [None], [None], torch.zeros(4, dtype=torch.int64))]
+    assert lb.routed_experts(fn, m, inp) == 7
+    assert len(calls) == 1 and not m.layer.mlp.gate._forward_hooks     # one call, the hook removed after it

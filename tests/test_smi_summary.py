@@ -21,3 +21,14 @@ def test_summary_of_samples_and_reasons():
 
 def test_summary_without_samples():
     assert smi_summary.summarise(["Failed to initialize NVML"]) == {"reasons": {}, "rows": 0}
+
+
+def test_main_prints_one_line(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "smi.csv"
+    log.write_text("2026/12/05 22:29:26.750, 345, 3201, 81.66, 38, 0x0000000000000001\n"
+                   "2026/12/05 22:29:26.957, 1980, 3201, 650.5, 52, 0x0000000000000000\n")
+    monkeypatch.setattr(smi_summary.sys, "argv", ["smi_summary.py", str(log)])
+    smi_summary.main()
+    out = capsys.readouterr().out
+    assert out.startswith("smi (2 samples, min / median / max): sm MHz 345 / 1162.5 / 1980;")
+    assert out.rstrip().endswith("clock-event reasons active: idle 50%")
