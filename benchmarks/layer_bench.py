@@ -284,6 +284,10 @@ def main():
     ap.add_argument("--graph-profile", action="store_true",
                     help="also profile one replay of k3fuse's timed graph: its kernels per layer against the un-graphed "
                          "call's (where a graph runs above its kernel sum, which kernels take the time)")
+    ap.add_argument("--k3fuse-first", action="store_true",
+                    help="time k3fuse before the other variants (before any of their graphs or profiler sessions)")
+    ap.add_argument("--recheck", action="store_true",
+                    help="time k3fuse's graph again at the end of each row (k3fuse_us_recheck)")
     ap.add_argument("--period", choices=("model", "layer"), default="model",
                     help="model: x -> next layer's x, as inside the model (default); layer: sessions 1-4's boundary")
     args = ap.parse_args()
@@ -309,6 +313,8 @@ def main():
             for v in filter(None, args.skip.split(",")):
                 if v != "eager":            # eager stays: it is the reference
                     vs.pop(v, None)
+            if args.k3fuse_first:
+                vs = {"k3fuse": vs.pop("k3fuse"), **vs}
             for M in map(int, args.ms.split(",")):
                 torch.manual_seed(M)
                 base = make_inputs(cfg, layers[0], M)
@@ -353,6 +359,11 @@ def main():
                                     row["k3fuse_graph_kernels"] = gp["graph_kernels"][:args.top]
                     except Exception as e:
                         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:400]
+                if args.recheck and "k3fuse_us" in row:
+                    # the same k3fuse graph timed again after every variant has been timed and profiled: with
+                    # --k3fuse-first its first timing saw none of that, so the two differ by what they leave behind
+                    copies = [(l, clone_inputs(base)) for l in layers]
+                    row["k3fuse_us_recheck"] = round(time_graph(vs["k3fuse"], copies, per_copy=args.graph_rounds), 1)
                 row["kernels_per_layer"] = row.get("k3fuse_kernels")
                 rows.append(row)
                 print(json.dumps(row), flush=True)
@@ -366,6 +377,7 @@ def main():
         k = r.get("k3fuse_us")
         print(f"{r['kind']:<4} {r['tp']:>3} {r['M']:>3} {r['floor_us']:>9.1f} " + " ".join(f"{c:>14}" for c in cells)
               + (f"  {k / r['floor_us']:.2f}x" if k else "")
+              + (f"  recheck {r['k3fuse_us_recheck']}" if r.get("k3fuse_us_recheck") else "")
               + (f"  (copies' own routing: floor {r['floor_copies_us']} us, {k / r['floor_copies_us']:.2f}x, "
                  f"experts {r['routed_distinct_per_copy']} vs {r['distinct']})" if k and r.get("floor_copies_us") else ""))
     for r in rows:

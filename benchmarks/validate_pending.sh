@@ -8,6 +8,7 @@
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor; the TP16 M = 1 rows
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
+#   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed before eager's graph and profiler, and again after
 #   s164   the wgmma reference test that failed once on an H100 (s161): synccheck, racecheck, then repeats
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
 #   s139   wgmma clusters of 14-16: tests, memcheck, shapes, A/B
@@ -114,6 +115,15 @@ elif [ "$part" = s167 ]; then     # session 45. (1) The M = 64 rows with 16 laye
     echo "layer TP16 M=1 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m1tp16.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     cp "$L"/layer_bench_m1tp16.json "$L"/layer_bench_m1tp16.png "$L/lb_m1tp16.txt" "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s167.tgz" -C "$L" .
+elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no profiler, no eager graph in the process)
+    # timed the KDA TP8 M = 64 layer at 749.7 us where layer_bench's rows of the same call gave 815.3 / 822.5. Is it
+    # what layer_bench runs before k3fuse (eager's graph and its profiler session)? k3fuse timed first, then eager
+    # (timed, profiled), k3fuse profiled, and k3fuse's graph timed again (k3fuse_us_recheck)
+    timeout 280 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 64 --skip inductor --top 16 \
+        --k3fuse-first --recheck --tag _order > "$L/lb_order.txt" 2>&1
+    echo "layer k3fuse-first + recheck rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_order.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_order.json "$L/lb_order.txt" "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s168.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
     # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
     # The sanitizers first (a cluster-sum race would show there), then repeats, each logged as it ends, until the
