@@ -119,10 +119,10 @@ elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no 
     # timed the KDA TP8 M = 64 layer at 749.7 us where layer_bench's rows of the same call gave 815.3 / 822.5. Is it
     # what layer_bench runs before k3fuse (eager's graph and its profiler session)? k3fuse timed first, then eager
     # (timed, profiled), k3fuse profiled, and k3fuse's graph timed again (k3fuse_us_recheck)
-    timeout 280 python3 benchmarks/layer_bench.py --out "$L" --kinds "${S168_KINDS:-kda,mla}" --tp 8 --ms 64 --skip inductor --top 16 \
-        --k3fuse-first --recheck --tag _order > "$L/lb_order.txt" 2>&1
-    echo "layer k3fuse-first + recheck rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_order.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
-    cp "$L"/layer_bench_order.json "$L/lb_order.txt" "$OUT/" 2>/dev/null
+    # straight into $OUT: the JSON is rewritten after each row, so a call cut short still returns the rows done
+    timeout 280 python3 benchmarks/layer_bench.py --out "$OUT" --kinds "${S168_KINDS:-kda,mla}" --tp 8 --ms 64 --skip inductor \
+        --top 16 --k3fuse-first --recheck --tag _order > "$OUT/lb_order.txt" 2>&1
+    echo "layer k3fuse-first + recheck rc=$?" | tee -a "$S"; grep -v '^{' "$OUT/lb_order.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     tar czf "$OUT/logs_s168.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
     # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
