@@ -6,9 +6,9 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
+#   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed before eager's graph and profiler, and again after
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor; the TP16 M = 1 rows
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
-#   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed before eager's graph and profiler, and again after
 #   s164   the wgmma reference test that failed once on an H100 (s161): synccheck, racecheck, then repeats
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
 #   s139   wgmma clusters of 14-16: tests, memcheck, shapes, A/B
@@ -62,6 +62,18 @@ ab_run() {      # ab_run TAG TIMEOUT LAYER_AB_ARGS...: one layer_ab.py A/B, its 
     echo "layer_ab $tag ($*) rc=$?" | tee -a "$S"; sed -n '/: A = .*medians/,$p' "$L/ab_$tag.txt" | tee -a "$S"
     cp "$L/layer_ab_$tag.json" "$OUT/" 2>/dev/null
 }
+smi_start() {   # smi_start NAME: SM / memory clocks, power, temperature and clock-event reasons every 200 ms into
+    # $OUT/smi_NAME.csv, until smi_stop: a slowdown of the clocks tells itself from a slower kernel (session 45, s166:
+    # 1980 MHz throughout, no throttle reason but idle)
+    local r=clocks_event_reasons.active    # the older drivers' name is clocks_throttle_reasons.active
+    nvidia-smi --query-gpu=$r --format=csv,noheader > /dev/null 2>&1 || r=clocks_throttle_reasons.active
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,$r --format=csv,noheader,nounits \
+        -lms 200 > "$OUT/smi_$1.csv" 2>&1 &
+    SMI_PID=$!
+}
+smi_stop() {    # smi_stop NAME: by pid (a pkill -f of the sampler's command line also matched the call's shell: s166)
+    kill "$SMI_PID" 2>/dev/null; python3 benchmarks/smi_summary.py "$OUT/smi_$1.csv" | tee -a "$S"
+}
 if [ "$part" = tests ]; then
     # the GPU kernel tests, one pytest process per file at once: they are bound by the CPU's compiles (a fresh H100
     # ran 233 of 663 tests in 250 s serially, session 43), and correctness tests share the GPU without harm
@@ -75,33 +87,6 @@ elif [ "$part" = tests2 ]; then   # compute-sanitizer memcheck on the kernel fam
         -k "(matches_reference or weight_pair) and not graph and not 64"
     pytests runtime_graphs 250 tests/test_runtime_gpu.py
     tar czf "$OUT/logs_tests2.tgz" -C "$L" .
-elif [ "$part" = s166 ]; then     # session 44 (not run: loans paused). At TP8 M = 64 the rows' graph ran 125 / 136 us above
-    # the kernel sum of the un-graphed call (PERF_NOTES "Session 44"). First which kernels take it: one graph replay
-    # profiled per layer (layer_bench --graph-profile); then whether the PDL chain is involved (paired A/B); on an
-    # H200 also the README's M = 64 rows with session 43's defaults
-    # the SM / memory clocks, power and throttle reasons every 200 ms over the whole part: a graph slower than its
-    # kernels by the same factor everywhere would be clocks, not a kernel
-    R=clocks_event_reasons.active    # the older drivers' name is clocks_throttle_reasons.active
-    nvidia-smi --query-gpu=$R --format=csv,noheader > /dev/null 2>&1 || R=clocks_throttle_reasons.active
-    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,$R --format=csv,noheader,nounits \
-        -lms 200 > "$OUT/smi_s166.csv" 2>&1 &
-    SMI=$!
-    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 64 --skip eager,inductor \
-        --top 16 --graph-profile --tag _gp > "$L/lb_gp.txt" 2>&1
-    echo "graph profile TP8 M=64 rc=$?" | tee -a "$S"; sed -n '/in its graph, per layer/,/^k3fuse .*bytes per op/p' "$L/lb_gp.txt" | tee -a "$S"
-    cp "$L"/layer_bench_gp.json "$L/lb_gp.txt" "$OUT/" 2>/dev/null
-    ab_run pdl_kda64 170 --var K3FUSE_PDL_CHAIN=1,0 --kinds kda --tp 8 --ms 64 --pairs 6
-    if nvidia-smi --query-gpu=name --format=csv,noheader | grep -q H200; then
-        timeout 190 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip eager,inductor \
-            --top 16 --tag _m64 > "$L/lb_m64.txt" 2>&1
-        echo "layer M=64 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
-        cp "$L"/layer_bench_m64.json "$L"/layer_bench_m64.png "$L/lb_m64.txt" "$OUT/" 2>/dev/null
-    else
-        ab_run pdl_mla64 150 --var K3FUSE_PDL_CHAIN=1,0 --kinds mla --tp 8 --ms 64 --pairs 6
-    fi
-    # by its pid: a pkill -f of its command line also matched the device call's own shell (s166's rc -1)
-    kill $SMI; python3 benchmarks/smi_summary.py "$OUT/smi_s166.csv" | tee -a "$S"
-    tar czf "$OUT/logs_s166.tgz" -C "$L" .
 elif [ "$part" = s167 ]; then     # session 45. (1) The M = 64 rows with 16 layers per graph (--graph-rounds 8) and
     # the floor of each copy's own routing: s166 (H200) found each replay's kernels span 785 / 798 us per layer where the
     # graph timed 822 / 880 (the graph launch's host time, shared by 2 layers), and copy 1's MLA layer 56 us longer
@@ -119,10 +104,12 @@ elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no 
     # timed the KDA TP8 M = 64 layer at 749.7 us where layer_bench's rows of the same call gave 815.3 / 822.5. Is it
     # what layer_bench runs before k3fuse (eager's graph and its profiler session)? k3fuse timed first, then eager
     # (timed, profiled), k3fuse profiled, and k3fuse's graph timed again (k3fuse_us_recheck)
+    smi_start s168
     # straight into $OUT: the JSON is rewritten after each row, so a call cut short still returns the rows done
     timeout 280 python3 benchmarks/layer_bench.py --out "$OUT" --kinds "${S168_KINDS:-kda,mla}" --tp 8 --ms 64 --skip inductor \
         --top 16 --k3fuse-first --recheck --tag _order > "$OUT/lb_order.txt" 2>&1
     echo "layer k3fuse-first + recheck rc=$?" | tee -a "$S"; grep -v '^{' "$OUT/lb_order.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    smi_stop s168
     tar czf "$OUT/logs_s168.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
     # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
