@@ -220,8 +220,8 @@ def profile_graph(fn, copies, rounds: int) -> dict:
 
 def per_call(evs, n: int) -> list:
     """[(kernel us, span us)] of each of the graph's n layer calls, in launch order (copy 0, 1, 0, ...): the events
-    by start time cut into n equal runs (every call launches the same kernels). Tells one copy's slower layer (its
-    own routing: another hottest expert) from every call slowing alike."""
+    by start time cut into n equal runs (every call launches the same kernels). Tells one copy's slower layer (it routes
+    with its own router) from every call slowing alike."""
     evs = sorted(evs, key=lambda e: e.time_range.start)
     k = len(evs) // n
     if k * n != len(evs):

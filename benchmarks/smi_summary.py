@@ -11,8 +11,8 @@ import sys
 
 COLUMNS = ("sm MHz", "mem MHz", "power W", "temp C")
 # nvidia-smi's clocks_event_reasons bits (nvml.h, nvmlClocksEventReason*)
-REASONS = {0x1: "idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x20: "sw_thermal",
-           0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks"}
+REASONS = {0x1: "idle", 0x2: "app_clocks", 0x4: "sw_power_cap", 0x8: "hw_slowdown", 0x10: "sync_boost",
+           0x20: "sw_thermal", 0x40: "hw_thermal", 0x80: "hw_power_brake", 0x100: "display_clocks"}
 
 
 def summarise(lines) -> dict:

@@ -89,7 +89,7 @@ elif [ "$part" = tests2 ]; then   # compute-sanitizer memcheck on the kernel fam
     tar czf "$OUT/logs_tests2.tgz" -C "$L" .
 elif [ "$part" = s167 ]; then     # session 45. (1) The M = 64 rows with 16 layers per graph (--graph-rounds 8) and
     # the floor of each copy's own routing: s166 (H200) found each replay's kernels span 785 / 798 us per layer where the
-    # graph timed 822 / 880 (the graph launch's host time, shared by 2 layers), and copy 1's MLA layer 56 us longer
+    # graph timed 822 / 880 (not explained: s168; at 16 layers per graph a per-replay cost shrinks), and copy 1's MLA layer 56 us longer
     # than copy 0's. (2) The TP16 M = 1 rows, last run in session 29 (s83), at this commit
     timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip eager,inductor \
         --top 16 --graph-rounds 8 --tag _m64r8 > "$L/lb_m64r8.txt" 2>&1
