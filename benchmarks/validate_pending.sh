@@ -6,7 +6,7 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
-#   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed before eager's graph and profiler, and again after
+#   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed first (a process per kind) and again after; layer_ab in the same call
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor; the TP16 M = 1 rows
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s164   the wgmma reference test that failed once on an H100 (s161): synccheck, racecheck, then repeats
@@ -105,10 +105,16 @@ elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no 
     # what layer_bench runs before k3fuse (eager's graph and its profiler session)? k3fuse timed first, then eager
     # (timed, profiled), k3fuse profiled, and k3fuse's graph timed again (k3fuse_us_recheck)
     smi_start s168
-    # straight into $OUT: the JSON is rewritten after each row, so a call cut short still returns the rows done
-    timeout 280 python3 benchmarks/layer_bench.py --out "$OUT" --kinds "${S168_KINDS:-kda,mla}" --tp 8 --ms 64 --skip inductor \
-        --top 16 --k3fuse-first --recheck --tag _order > "$OUT/lb_order.txt" 2>&1
-    echo "layer k3fuse-first + recheck rc=$?" | tee -a "$S"; grep -v '^{' "$OUT/lb_order.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    # one process per kind: in one process the second kind's "first" timing would follow the first kind's profiler
+    # sessions. Output straight into $OUT: the JSON is rewritten after each row, so a cut call returns the rows done
+    for k in ${S168_KINDS:-kda mla}; do
+        timeout 170 python3 benchmarks/layer_bench.py --out "$OUT" --kinds $k --tp 8 --ms 64 --skip inductor \
+            --top 16 --k3fuse-first --recheck --tag _order_$k > "$OUT/lb_order_$k.txt" 2>&1
+        echo "layer $k k3fuse-first + recheck rc=$?" | tee -a "$S"
+        grep -v '^{' "$OUT/lb_order_$k.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    done
+    # layer_ab's timing of the same KDA layer in the same call, both arms alike (s166: 749.7 us)
+    ab_run null_kda 150 --var K3FUSE_PDL_CHAIN=1,1 --kinds kda --tp 8 --ms 64 --pairs 6
     smi_stop s168
     tar czf "$OUT/logs_s168.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
