@@ -7,6 +7,7 @@
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
 #   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed first (a process per kind) and again after; layer_ab in the same call
+#   s170   K3FUSE_MOE_DOWN_EARLY (the down's ids and first W2 batch before its chain wait): GPU test, A/B at TP8 M = 1
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor; the TP16 M = 1 rows
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s164   the wgmma reference test that failed once on an H100 (s161): synccheck, racecheck, then repeats
@@ -117,6 +118,13 @@ elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no 
     ab_run null_kda 150 --var K3FUSE_PDL_CHAIN=1,1 --kinds kda --tp 8 --ms 64 --pairs 6
     smi_stop s168
     tar czf "$OUT/logs_s168.tgz" -C "$L" .
+elif [ "$part" = s170 ]; then     # session 46: K3FUSE_MOE_DOWN_EARLY (codegen/moe_experts.py down_early; session 44's
+    # M = 1 lead in its cheap form). Predicted -0.5..-1.5 us per layer at TP8 M = 1 (the down's first W2 batch, a quarter
+    # of its 44 MB, streams in the up's tail; the ids and W2 round trips leave the post-wait path); nothing at TP16
+    # (no AX there). The bitwise test behind the top-k kernel in a graph first; the A/B only if it passed
+    smoke_or_stop s170 early_gpu 200 tests/test_moe_kernel_gpu.py -k "down_early or down_axb_bit_identical"
+    ab_run early_tp8 330 --var K3FUSE_MOE_DOWN_EARLY=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 16
+    tar czf "$OUT/logs_s170.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
     # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
     # The sanitizers first (a cluster-sum race would show there), then repeats, each logged as it ends, until the

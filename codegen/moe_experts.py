@@ -28,7 +28,7 @@ from typing import Optional
 
 from . import tuning
 from .buckets import MAX_M, bucket_for
-from .render import render
+from .render import pdl_chain, render
 from . import knobs
 
 log = logging.getLogger("k3fuse.codegen")
@@ -347,6 +347,21 @@ def down_axb(I: int, bucket: int, ksl: int) -> int:
     return n if 0 < n < ksl and ksl % n == 0 else 0
 
 
+def down_early(params: dict) -> bool:
+    """K3FUSE_MOE_DOWN_EARLY=1 (unmeasured, off unset): the per-slot down with AX issues the ids, the routing weights
+    and its first batch of W2 vectors (AXB slots, or all with plain AX) before its PDL chain wait, and the simt up
+    triggers it only after its own wait. Why: the down (TP8 M = 1: 224 CTAs of 512 threads, one wave) cannot load a
+    byte before the whole up grid has drained, although its W2 rows (a third of the experts' bytes) depend on
+    nothing the up writes; its CTAs placed in the up's tail would stream them meanwhile, and the two round trips of
+    ids then W2 leave the post-wait path (session 44's lead in PERF_NOTES, the cheap form). Safe because the ids come
+    from the top-k up the chain: with the up's trigger after its wait, the down launches only once every up CTA has
+    passed that wait, i.e. every earlier grid has completed; for the up's grid of several waves that trigger is no
+    later than the one at its start. Only where the down is the simt AX kernel and the up the simt one (the tensor-core
+    up keeps its trigger at the start), under the chain. The sums and their order are AX's: bitwise the same."""
+    return (knobs.env("K3FUSE_MOE_DOWN_EARLY") == "1" and bool(params.get("AX")) and not params.get("UPMMA")
+            and not params.get("DOWNMMA") and pdl_chain())
+
+
 def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     nv = D // 8
     group = bool(cfg["GROUP"]) and bucket > 1
@@ -363,6 +378,8 @@ def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:
     # UPMMA (and its own CPC) only when on: the other sources (and so their compile keys) stay as they were
     params.update(up_mma(I, D, KT, bucket, group, cfg.get("UPMMA"), cfg.get("UCTAS")) or {})
     params.update(down_mma(I, D, KT, bucket, group, cfg.get("DOWNMMA"), cfg.get("DCTAS")) or {})
+    if down_early(params):
+        params["EARLY"] = True   # passed only when on: the other sources stay as they were
     # the lists pack token | slot mask << 8 in an int32: k <= 23 slots
     if params.get("UBAL") and params.get("DWE") and member_lists() and KT <= 23:
         params["MLIST"] = True   # passed only when on: the other sources stay as they were

@@ -526,3 +526,69 @@ def test_down_axb_follows_the_measured_rule(monkeypatch):
     assert "AXB = 2 " in me.render_source(E, 384, D, KT, 1, cfg=cfg8)[0]
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", "0")
     assert me.down_axb(384, 1, 4) == 0 and "AXB" not in me.render_source(E, 384, D, KT, 1, cfg=cfg8)[0]
+
+
+def _sass_ops(k, entry):
+    txt = _sass_text(k)
+    if txt is None:
+        return None
+    f = next(part for part in re.split(r"\n\s*\.text\.", txt) if part.startswith(f"kernel_cutlass_{entry}"))
+    return re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", f)
+
+
+def _sass_text(k):
+    from k3fuse.codegen import sass
+    nd = sass.find_disassembler()
+    if nd is None:
+        return None
+    import subprocess
+    return subprocess.run(nd + [k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.mark.parametrize("axb", [1, 0])
+def test_down_early_loads_before_the_wait(axb, monkeypatch, tmp_path, capfd):
+    """K3FUSE_MOE_DOWN_EARLY=1 (unmeasured): at TP8 bucket 1 (the H200 table's layer config: KS = 4, WD = 4, LPR = 8,
+    AX with AXB = 1, or all at once with AXB = 0) the down kernel issues its ids, routing weights and first W2 batch
+    before griddepcontrol.wait, a's loads after it; the simt up waits before it triggers. Checked in the machine code
+    (ptxas may sink loads past the wait, CUTEDSL.md pitfall 3): SASS ACQBULK = wait, PREEXIT = trigger. Unset or =0,
+    or without the PDL chain, or with the tensor-core up (bucket 2), the sources are the default ones; 64 registers at
+    AXB = 1 (two 512-thread CTAs per SM), no spills."""
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", str(axb))
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    I, b, ks, lpr = 384, 1, 4, 8
+    cfg = dict(me.default_config(E, I, D, KT, b), KS=ks, WD=4, SB=1, LPR=lpr, RT=1)
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_EARLY", raising=False)
+    base = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "0")
+    assert me.render_source(E, I, D, KT, b, cfg=cfg)[0] == base
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "1")
+    src = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
+    assert src != base and "EARLY=True" in src.split("\n")[1]
+    up = src[src.index("def up_kernel"):src.index("def down_kernel")]
+    assert up.index("griddepcontrol_wait()") < up.index("griddepcontrol_launch_dependents()")
+    down = src[src.index("def down_kernel"):src.index("def ENTRY")]
+    assert down.index("griddepcontrol_launch_dependents()") < down.index("mIds[") < down.index("gW[") \
+        < down.index("griddepcontrol_wait()") < down.index("gA[")
+    # not rendered without the chain, nor where the tensor-core up keeps its trigger at the start
+    monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")
+    assert "EARLY" not in me.render_source(E, I, D, KT, b, cfg=cfg)[0].split("\n")[1]
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN")
+    assert not me.down_early(dict(me.template_params(E, I, D, KT, b, cfg, 4.0, 25.0), UPMMA=True))
+    regs, st, ld = ptxas_report(src, f"early_{axb}", "sm_90a", tmp_path, capfd)["down_kernel"]
+    assert st == ld == 0 and (regs <= 64 or axb == 0), regs
+    k = me.build(E, I, D, KT, b, cfg=cfg, arch="sm_90a", load=False)
+    assert k.source == src and "ld.local" not in open(k.files["kernel.ptx"]).read()
+    ops = _sass_ops(k, "down_kernel")
+    if ops is None:
+        pytest.skip("no nvdisasm / cuobjdump: the SASS is not read")
+    wait = ops.index("ACQBULK")
+    vpl, ksl = (I // 8) // lpr, KT // ks
+    first = vpl * (axb or ksl)                              # batch 0's W2 vectors
+    assert sum(1 for o in ops[:wait] if o.startswith("LDG") and "128" in o) == first
+    assert sum(1 for o in ops[:wait] if o.startswith("LDG")) == first + 2 * ksl      # + the ids and weights
+    assert ops.index("PREEXIT") < wait
+    upops = _sass_ops(k, "up_kernel")
+    assert upops.index("ACQBULK") < upops.index("PREEXIT") and not any(o.startswith("LDG") for o in
+                                                                         upops[:upops.index("ACQBULK")])

@@ -298,3 +298,60 @@ def test_moe_down_ax_bit_identical(experts, M, ks, wd, monkeypatch):
     torch.cuda.synchronize()
     assert rel(outs["1"], reference(z, ids, w, w13, w2)) < 1e-2
     assert torch.equal(outs["0"], outs["1"])
+
+
+def test_moe_down_early_after_topk_in_graph(experts, monkeypatch):
+    """K3FUSE_MOE_DOWN_EARLY=1 (the down reads the ids, the routing weights and its first W2 batch before its PDL
+    wait; the up triggers only after its own): behind the router's top-k kernel that writes those ids and weights
+    (both under the PDL chain), in a CUDA graph replayed on fresh logits with the ids zeroed and the weights and
+    output NaN-poisoned before each replay (a read that ran ahead of the top-k would use expert 0 or NaN weights):
+    bitwise the default kernel's output, and near the reference. At TP8 bucket 1 (AX, AXB = 1) and with AXB = 0."""
+    from k3fuse.codegen import compile as kcompile, moe_experts as me, router_topk as rt
+    I, w13, w2 = experts
+    M = 1
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
+    cfg = dict(me.config_for(E, I, D, KT, 1), KS=4, WD=4 if I == 384 else 2, SB=1, LPR=8, RT=1)
+    cfg.pop("DOWNMMA", None)
+    g0 = torch.Generator(device="cuda").manual_seed(4400 + I)
+    z = torch.randn(M, D, device="cuda", generator=g0).to(torch.bfloat16)
+    bias = torch.randn(E, device="cuda", generator=g0) * 0.05
+    logits = torch.randn(M, E, device="cuda", generator=g0) * 2
+    ids = torch.zeros(M, KT, dtype=torch.int64, device="cuda")
+    w = torch.zeros(M, KT, device="cuda")
+    kt = rt.build(E, KT, True, 2.5)
+    for axb in ("1", "0"):
+        monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", axb)
+        outs = {}
+        for early in ("0", "1"):
+            monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", early)
+            assert ("EARLY=True" in me.render_source(E, I, D, KT, 1, cfg=cfg)[0].split("\n")[1]) == (early == "1")
+            out = torch.full((M, D), float("nan"), device="cuda", dtype=torch.bfloat16)
+
+            def body():
+                kt(logits, bias, ids, w)
+                me.moe_experts(z, ids, w, w13, w2, BETA, LBETA, cfg, out=out)
+            body()
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                body()
+            res = []
+            for step in range(3):
+                logits.copy_(torch.randn(M, E, device="cuda", generator=torch.Generator(device="cuda").manual_seed(
+                    4500 + step)) * 2)
+                ids.zero_()
+                w.fill_(float("nan"))
+                out.fill_(float("nan"))
+                g.replay()
+                torch.cuda.synchronize()
+                rids, rw = rt.topk_from_logits(logits, bias, KT, True, 2.5)
+                assert torch.equal(ids, rids)
+                assert rel(out, reference(z, rids, rw, w13, w2)) < 1e-2
+                res.append(out.clone())
+            outs[early] = res
+            del g
+        kcompile.clear_memo()
+        for a, b in zip(outs["0"], outs["1"]):
+            assert torch.equal(a, b)
