@@ -8,7 +8,8 @@
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
 #   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed first (a process per kind) and again after; layer_ab in the same call
 #   s170   K3FUSE_MOE_DOWN_EARLY (the down's ids and first W2 batch before its chain wait): GPU test, A/B at TP8 M = 1
-#   s167   the M = 64 rows at 16 layers per graph with each copy's own floor; the TP16 M = 1 rows
+#   s167   the M = 64 rows at 16 layers per graph with each copy's own floor
+#   s169   the TP16 M = 1 rows with max-autotune (session 29's are the latest)
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s164   the wgmma reference test that failed once on an H100 (s161): synccheck, racecheck, then repeats
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
@@ -88,19 +89,21 @@ elif [ "$part" = tests2 ]; then   # compute-sanitizer memcheck on the kernel fam
         -k "(matches_reference or weight_pair) and not graph and not 64"
     pytests runtime_graphs 250 tests/test_runtime_gpu.py
     tar czf "$OUT/logs_tests2.tgz" -C "$L" .
-elif [ "$part" = s167 ]; then     # session 45. (1) The M = 64 rows with 16 layers per graph (--graph-rounds 8) and
+elif [ "$part" = s167 ]; then     # session 45. The M = 64 rows with 16 layers per graph (--graph-rounds 8) and
     # the floor of each copy's own routing: s166 (H200) found each replay's kernels span 785 / 798 us per layer where the
     # graph timed 822 / 880 (not explained: s168; at 16 layers per graph a per-replay cost shrinks), and copy 1's MLA layer 56 us longer
-    # than copy 0's. (2) The TP16 M = 1 rows, last run in session 29 (s83), at this commit
+    # than copy 0's
     timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip eager,inductor \
         --top 16 --graph-rounds 8 --tag _m64r8 > "$L/lb_m64r8.txt" 2>&1
     echo "layer M=64 graph-rounds 8 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64r8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     cp "$L"/layer_bench_m64r8.json "$L/lb_m64r8.txt" "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s167.tgz" -C "$L" .
+elif [ "$part" = s169 ]; then     # the TP16 M = 1 rows with max-autotune, last run in session 29 (s83)
     timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
         --tag _m1tp16 > "$L/lb_m1tp16.txt" 2>&1
     echo "layer TP16 M=1 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m1tp16.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     cp "$L"/layer_bench_m1tp16.json "$L"/layer_bench_m1tp16.png "$L/lb_m1tp16.txt" "$OUT/" 2>/dev/null
-    tar czf "$OUT/logs_s167.tgz" -C "$L" .
+    tar czf "$OUT/logs_s169.tgz" -C "$L" .
 elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no profiler, no eager graph in the process)
     # timed the KDA TP8 M = 64 layer at 749.7 us where layer_bench's rows of the same call gave 815.3 / 822.5. Is it
     # what layer_bench runs before k3fuse (eager's graph and its profiler session)? k3fuse timed first, then eager
