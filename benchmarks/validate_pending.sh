@@ -8,6 +8,7 @@
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
 #   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed first (a process per kind) and again after; layer_ab in the same call
 #   s170   K3FUSE_MOE_DOWN_EARLY (the down's ids and first W2 batch before its chain wait): GPU test, A/B at TP8 M = 1
+#   s171   AX + EARLY against the defaults at TP16 M = 1
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor
 #   s169   the TP16 M = 1 rows with max-autotune (session 29's are the latest)
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
@@ -128,6 +129,11 @@ elif [ "$part" = s170 ]; then     # session 46: K3FUSE_MOE_DOWN_EARLY (codegen/m
     smoke_or_stop s170 early_gpu 200 tests/test_moe_kernel_gpu.py -k "down_early or down_axb_bit_identical"
     ab_run early_tp8 330 --var K3FUSE_MOE_DOWN_EARLY=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 16
     tar czf "$OUT/logs_s170.tgz" -C "$L" .
+elif [ "$part" = s171 ]; then     # EARLY at TP16 M = 1, where AX is off by default (AX alone measured +0.10, session 22):
+    # AX + EARLY against the defaults. Run after s170 in the same call (its kernels compiled)
+    ab_run early_tp16 300 --arms "-; K3FUSE_MOE_DOWN_AX=1 K3FUSE_MOE_DOWN_EARLY=1" --kinds kda,mla --tp 16 --ms 1 \
+        --pairs 16
+    tar czf "$OUT/logs_s171.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
     # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
     # The sanitizers first (a cluster-sum race would show there), then repeats, each logged as it ends, until the
