@@ -109,17 +109,20 @@ elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no 
     # timed the KDA TP8 M = 64 layer at 749.7 us where layer_bench's rows of the same call gave 815.3 / 822.5. Is it
     # what layer_bench runs before k3fuse (eager's graph and its profiler session)? k3fuse timed first, then eager
     # (timed, profiled), k3fuse profiled, and k3fuse's graph timed again (k3fuse_us_recheck)
+    # session 46: no machine came for an hour, so the call that gets one runs s170 first (S168_WITH= to skip it), then
+    # the KDA row alone (S168_KINDS="kda mla" for both) and layer_ab only when S168_AB=1
+    if [ -n "${S168_WITH-s170}" ]; then bash "$0" "${S168_WITH-s170}"; fi
     smi_start s168
     # one process per kind: in one process the second kind's "first" timing would follow the first kind's profiler
     # sessions. Output straight into $OUT: the JSON is rewritten after each row, so a cut call returns the rows done
-    for k in ${S168_KINDS:-kda mla}; do
+    for k in ${S168_KINDS:-kda}; do
         timeout 170 python3 benchmarks/layer_bench.py --out "$OUT" --kinds $k --tp 8 --ms 64 --skip inductor \
             --top 16 --k3fuse-first --recheck --tag _order_$k > "$OUT/lb_order_$k.txt" 2>&1
         echo "layer $k k3fuse-first + recheck rc=$?" | tee -a "$S"
         grep -v '^{' "$OUT/lb_order_$k.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     done
     # layer_ab's timing of the same KDA layer in the same call, both arms alike (s166: 749.7 us)
-    ab_run null_kda 150 --var K3FUSE_PDL_CHAIN=1,1 --kinds kda --tp 8 --ms 64 --pairs 6
+    if [ "${S168_AB:-0}" = 1 ]; then ab_run null_kda 150 --var K3FUSE_PDL_CHAIN=1,1 --kinds kda --tp 8 --ms 64 --pairs 6; fi
     smi_stop s168
     tar czf "$OUT/logs_s168.tgz" -C "$L" .
 elif [ "$part" = s170 ]; then     # session 46: K3FUSE_MOE_DOWN_EARLY (codegen/moe_experts.py down_early; session 44's
@@ -127,7 +130,7 @@ elif [ "$part" = s170 ]; then     # session 46: K3FUSE_MOE_DOWN_EARLY (codegen/m
     # of its 44 MB, streams in the up's tail; the ids and W2 round trips leave the post-wait path); nothing at TP16
     # (no AX there). The bitwise test behind the top-k kernel in a graph first; the A/B only if it passed
     smoke_or_stop s170 early_gpu 200 tests/test_moe_kernel_gpu.py -k "down_early or down_axb_bit_identical"
-    ab_run early_tp8 330 --var K3FUSE_MOE_DOWN_EARLY=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 16
+    ab_run early_tp8 250 --var K3FUSE_MOE_DOWN_EARLY=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 12
     tar czf "$OUT/logs_s170.tgz" -C "$L" .
 elif [ "$part" = s171 ]; then     # EARLY at TP16 M = 1, where AX is off by default (AX alone measured +0.10, session 22):
     # AX + EARLY against the defaults. Run after s170 in the same call (its kernels compiled)
