@@ -347,19 +347,29 @@ def down_axb(I: int, bucket: int, ksl: int) -> int:
     return n if 0 < n < ksl and ksl % n == 0 else 0
 
 
+# (I, bucket) where the layer measured the EARLY down faster (session 46, an H100 with the H200 table, layer_ab
+# K3FUSE_MOE_DOWN_EARLY=0,1, 12 pairs, RESULTS.md): TP8 (I = 384) M = 1 -0.72 us per KDA layer [-1.26, -0.10] (9 / 12),
+# -0.90 per MLA layer [-1.89, -0.19] (9 / 12). Not listed: TP16 M = 1, where AX + EARLY against the defaults measured
+# -0.05 (KDA, 6 / 10) and +0.74 (MLA, 3 / 10); TP8 bucket 2 (the tensor-core up: not rendered there)
+EARLY_MEASURED = {(384, 1)}
+
+
 def down_early(params: dict) -> bool:
-    """K3FUSE_MOE_DOWN_EARLY=1 (unmeasured, off unset): the per-slot down with AX issues the ids, the routing weights
-    and its first batch of W2 vectors (AXB slots, or all with plain AX) before its PDL chain wait, and the simt up
-    triggers it only after its own wait. Why: the down (TP8 M = 1: 224 CTAs of 512 threads, one wave) cannot load a
-    byte before the whole up grid has drained, although its W2 rows (a third of the experts' bytes) depend on
-    nothing the up writes; its CTAs placed in the up's tail would stream them meanwhile, and the two round trips of
-    ids then W2 leave the post-wait path (session 44's lead in PERF_NOTES, the cheap form). Safe because the ids come
-    from the top-k up the chain: with the up's trigger after its wait, the down launches only once every up CTA has
-    passed that wait, i.e. every earlier grid has completed; for the up's grid of several waves that trigger is no
-    later than the one at its start. Only where the down is the simt AX kernel and the up the simt one (the tensor-core
-    up keeps its trigger at the start), under the chain. The sums and their order are AX's: bitwise the same."""
-    return (knobs.env("K3FUSE_MOE_DOWN_EARLY") == "1" and bool(params.get("AX")) and not params.get("UPMMA")
-            and not params.get("DOWNMMA") and pdl_chain())
+    """The EARLY down: the per-slot down with AX issues the ids, the routing weights and its first batch of W2 vectors
+    (AXB slots, or all with plain AX) before its PDL chain wait, and the simt up triggers it only after its own wait.
+    Why: the down (TP8 M = 1: 224 CTAs of 512 threads, one wave) could not load a byte before the whole up grid had
+    drained, although its W2 rows (a third of the experts' bytes) depend on nothing the up writes; its CTAs placed in
+    the up's tail now stream them meanwhile, and the ids -> W2 round trips leave the path after the wait (session 44's
+    lead in PERF_NOTES, in its cheap form). Safe because the ids come from the top-k up the chain: with the up's
+    trigger after its wait, the down launches only once every up CTA has passed that wait, i.e. every earlier grid
+    has completed; for the up's grid of several waves that trigger is no later than the one at its start. Only where
+    the down is the simt AX kernel and the up the simt one (the tensor-core up keeps its trigger at the start), under
+    the chain. The sums and their order are AX's: bitwise the same. K3FUSE_MOE_DOWN_EARLY=1 / 0 forces it on / off;
+    unset, where EARLY_MEASURED lists (I, bucket). Read when a kernel is rendered."""
+    v = knobs.env("K3FUSE_MOE_DOWN_EARLY")
+    if v == "0" or (v != "1" and (params["I"], params["BM"]) not in EARLY_MEASURED):
+        return False
+    return bool(params.get("AX")) and not params.get("UPMMA") and not params.get("DOWNMMA") and pdl_chain()
 
 
 def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:

@@ -470,6 +470,7 @@ def test_down_axb_batches(tp, ks, wd, lpr, axb, monkeypatch, tmp_path, capfd):
     from k3fuse.codegen import sass
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "0")     # the batches' own form (EARLY peels batch 0: its own test)
     I, b, ksl = I_TP[tp], 1, KT // ks
     cfg = dict(me.default_config(E, I, D, KT, b), KS=ks, WD=wd, SB=1, LPR=lpr, RT=1)
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", "0")
@@ -547,11 +548,11 @@ def _sass_text(k):
 
 @pytest.mark.parametrize("axb", [1, 0])
 def test_down_early_loads_before_the_wait(axb, monkeypatch, tmp_path, capfd):
-    """K3FUSE_MOE_DOWN_EARLY=1 (unmeasured): at TP8 bucket 1 (the H200 table's layer config: KS = 4, WD = 4, LPR = 8,
+    """K3FUSE_MOE_DOWN_EARLY=1 (the default there since session 46): at TP8 bucket 1 (the H200 table's layer config: KS = 4, WD = 4, LPR = 8,
     AX with AXB = 1, or all at once with AXB = 0) the down kernel issues its ids, routing weights and first W2 batch
     before griddepcontrol.wait, a's loads after it; the simt up waits before it triggers. Checked in the machine code
-    (ptxas may sink loads past the wait, CUTEDSL.md pitfall 3): SASS ACQBULK = wait, PREEXIT = trigger. Unset or =0,
-    or without the PDL chain, or with the tensor-core up (bucket 2), the sources are the default ones; 64 registers at
+    (ptxas may sink loads past the wait, CUTEDSL.md pitfall 3): SASS ACQBULK = wait, PREEXIT = trigger. With =0,
+    or without the PDL chain, or with the tensor-core up (bucket 2), the sources are AX's; 64 registers at
     AXB = 1 (two 512-thread CTAs per SM), no spills."""
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
@@ -559,13 +560,14 @@ def test_down_early_loads_before_the_wait(axb, monkeypatch, tmp_path, capfd):
     monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
     I, b, ks, lpr = 384, 1, 4, 8
     cfg = dict(me.default_config(E, I, D, KT, b), KS=ks, WD=4, SB=1, LPR=lpr, RT=1)
-    monkeypatch.delenv("K3FUSE_MOE_DOWN_EARLY", raising=False)
-    base = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
     monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "0")
-    assert me.render_source(E, I, D, KT, b, cfg=cfg)[0] == base
+    base = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
     monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "1")
     src = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
-    assert src != base and "EARLY=True" in src.split("\n")[1]
+    assert src != base and "EARLY=True" in src.split("\n")[1] and "EARLY" not in base.split("\n")[1]
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_EARLY")
+    assert me.render_source(E, I, D, KT, b, cfg=cfg)[0] == src          # the default at TP8 bucket 1 (EARLY_MEASURED)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "1")
     up = src[src.index("def up_kernel"):src.index("def down_kernel")]
     assert up.index("griddepcontrol_wait()") < up.index("griddepcontrol_launch_dependents()")
     down = src[src.index("def down_kernel"):src.index("def ENTRY")]
@@ -592,3 +594,30 @@ def test_down_early_loads_before_the_wait(axb, monkeypatch, tmp_path, capfd):
     upops = _sass_ops(k, "up_kernel")
     assert upops.index("ACQBULK") < upops.index("PREEXIT") and not any(o.startswith("LDG") for o in
                                                                          upops[:upops.index("ACQBULK")])
+
+
+def test_down_early_follows_the_measured_rule(monkeypatch):
+    """Unset, K3FUSE_MOE_DOWN_EARLY takes EARLY_MEASURED: on at TP8 bucket 1 (session 46's A/B), off at TP16 bucket 1
+    even with AX forced (AX + EARLY measured noise there) and at TP8 bucket 2 (the tensor-core up); =1 forces it where
+    the down is the AX kernel and the up the simt one, =0 never."""
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_EARLY", raising=False)
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_AX", raising=False)
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_AXB", raising=False)
+    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
+    cfg8 = dict(me.default_config(E, 384, D, KT, 1), KS=4, WD=4, LPR=8, RT=1, SB=1)
+    cfg16 = dict(me.default_config(E, 192, D, KT, 1), KS=4, WD=2, LPR=8, RT=1, SB=4)
+
+    def early(I, cfg):
+        return me.down_early(me.template_params(E, I, D, KT, 1, cfg, 4.0, 25.0))
+    assert early(384, cfg8) and not early(192, cfg16)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
+    assert not early(192, cfg16)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "1")
+    assert early(192, cfg16)
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "0")
+    assert not early(384, cfg8)                       # no AX kernel: nothing to move
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_AX")
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "0")
+    assert not early(384, cfg8)
+    monkeypatch.delenv("K3FUSE_MOE_DOWN_EARLY")
+    assert not me.down_early(dict(me.template_params(E, 384, D, KT, 2, cfg8, 4.0, 25.0), UPMMA=True))
