@@ -7,8 +7,6 @@
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
 #   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed first (a process per kind) and again after; layer_ab in the same call
-#   s170   K3FUSE_MOE_DOWN_EARLY (the down's ids and first W2 batch before its chain wait): GPU test, A/B at TP8 M = 1
-#   s171   AX + EARLY against the defaults at TP16 M = 1
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor
 #   s169   the TP16 M = 1 rows with max-autotune (session 29's are the latest)
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
@@ -109,9 +107,8 @@ elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no 
     # timed the KDA TP8 M = 64 layer at 749.7 us where layer_bench's rows of the same call gave 815.3 / 822.5. Is it
     # what layer_bench runs before k3fuse (eager's graph and its profiler session)? k3fuse timed first, then eager
     # (timed, profiled), k3fuse profiled, and k3fuse's graph timed again (k3fuse_us_recheck)
-    # session 46: no machine came for an hour, so the call that gets one runs s170 first (S168_WITH= to skip it), then
-    # the KDA row alone (S168_KINDS="kda mla" for both) and layer_ab only when S168_AB=1
-    if [ -n "${S168_WITH-s170}" ]; then bash "$0" "${S168_WITH-s170}"; fi
+    # session 46 ran the KDA row's three orders on an H100 (RESULTS.md): no consistent effect there; this part is for
+    # an H200, where session 45 saw the 8% gap. S168_KINDS="kda mla" for both rows, S168_AB=1 for layer_ab beside them
     smi_start s168
     # one process per kind: in one process the second kind's "first" timing would follow the first kind's profiler
     # sessions. Output straight into $OUT: the JSON is rewritten after each row, so a cut call returns the rows done
@@ -125,18 +122,6 @@ elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no 
     if [ "${S168_AB:-0}" = 1 ]; then ab_run null_kda 150 --var K3FUSE_PDL_CHAIN=1,1 --kinds kda --tp 8 --ms 64 --pairs 6; fi
     smi_stop s168
     tar czf "$OUT/logs_s168.tgz" -C "$L" .
-elif [ "$part" = s170 ]; then     # session 46: K3FUSE_MOE_DOWN_EARLY (codegen/moe_experts.py down_early; session 44's
-    # M = 1 lead in its cheap form). Predicted -0.5..-1.5 us per layer at TP8 M = 1 (the down's first W2 batch, a quarter
-    # of its 44 MB, streams in the up's tail; the ids and W2 round trips leave the post-wait path); nothing at TP16
-    # (no AX there). The bitwise test behind the top-k kernel in a graph first; the A/B only if it passed
-    smoke_or_stop s170 early_gpu 200 tests/test_moe_kernel_gpu.py -k "down_early or down_axb_bit_identical"
-    ab_run early_tp8 250 --var K3FUSE_MOE_DOWN_EARLY=0,1 --kinds kda,mla --tp 8 --ms 1 --pairs 12
-    tar czf "$OUT/logs_s170.tgz" -C "$L" .
-elif [ "$part" = s171 ]; then     # EARLY at TP16 M = 1, where AX is off by default (AX alone measured +0.10, session 22):
-    # AX + EARLY against the defaults. Run after s170 in the same call (its kernels compiled)
-    ab_run early_tp16 300 --arms "-; K3FUSE_MOE_DOWN_AX=1 K3FUSE_MOE_DOWN_EARLY=1" --kinds kda,mla --tp 16 --ms 1 \
-        --pairs 16
-    tar czf "$OUT/logs_s171.tgz" -C "$L" .
 elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
     # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
     # The sanitizers first (a cluster-sum race would show there), then repeats, each logged as it ends, until the
