@@ -409,15 +409,15 @@ def test_layer_measured_knobs_survive_a_sweep(monkeypatch, tmp_path):
     assert got["WD"] == 8 and got["KS"] == 1 and got["UPMMA"] == 0 and got["layer"] == {"KS": 4, "why": "layer_ab"}
 
 
-def _down_sass(k):
-    """The down kernel's SASS ops (None without nvdisasm)."""
+def _down_sass(k, entry="down_kernel"):
+    """The SASS ops of kernel entry `entry` (the down kernel unless named; None without nvdisasm)."""
     import subprocess
     from test_codegen_compile import _nvdisasm
     nd = _nvdisasm()
     if nd is None:
         return None
     sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
-    f = next(part for part in re.split(r"\n\s*\.text\.", sass) if part.startswith("kernel_cutlass_down_kernel"))
+    f = next(part for part in re.split(r"\n\s*\.text\.", sass) if part.startswith(f"kernel_cutlass_{entry}"))
     return re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", f)
 
 
@@ -529,23 +529,6 @@ def test_down_axb_follows_the_measured_rule(monkeypatch):
     assert me.down_axb(384, 1, 4) == 0 and "AXB" not in me.render_source(E, 384, D, KT, 1, cfg=cfg8)[0]
 
 
-def _sass_ops(k, entry):
-    txt = _sass_text(k)
-    if txt is None:
-        return None
-    f = next(part for part in re.split(r"\n\s*\.text\.", txt) if part.startswith(f"kernel_cutlass_{entry}"))
-    return re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", f)
-
-
-def _sass_text(k):
-    from k3fuse.codegen import sass
-    nd = sass.find_disassembler()
-    if nd is None:
-        return None
-    import subprocess
-    return subprocess.run(nd + [k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
-
-
 @pytest.mark.parametrize("axb", [1, 0])
 def test_down_early_loads_before_the_wait(axb, monkeypatch, tmp_path, capfd):
     """K3FUSE_MOE_DOWN_EARLY=1 (the default there since session 46): at TP8 bucket 1 (the H200 table's layer config: KS = 4, WD = 4, LPR = 8,
@@ -582,7 +565,7 @@ def test_down_early_loads_before_the_wait(axb, monkeypatch, tmp_path, capfd):
     assert st == ld == 0 and (regs <= 64 or axb == 0), regs
     k = me.build(E, I, D, KT, b, cfg=cfg, arch="sm_90a", load=False)
     assert k.source == src and "ld.local" not in open(k.files["kernel.ptx"]).read()
-    ops = _sass_ops(k, "down_kernel")
+    ops = _down_sass(k)
     if ops is None:
         pytest.skip("no nvdisasm / cuobjdump: the SASS is not read")
     wait = ops.index("ACQBULK")
@@ -591,7 +574,7 @@ def test_down_early_loads_before_the_wait(axb, monkeypatch, tmp_path, capfd):
     assert sum(1 for o in ops[:wait] if o.startswith("LDG") and "128" in o) == first
     assert sum(1 for o in ops[:wait] if o.startswith("LDG")) == first + 2 * ksl      # + the ids and weights
     assert ops.index("PREEXIT") < wait
-    upops = _sass_ops(k, "up_kernel")
+    upops = _down_sass(k, "up_kernel")
     assert upops.index("ACQBULK") < upops.index("PREEXIT") and not any(o.startswith("LDG") for o in
                                                                          upops[:upops.index("ACQBULK")])
 
