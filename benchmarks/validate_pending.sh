@@ -6,6 +6,8 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
+#   s172   EARLY at TP8 buckets 2 and 4 (the tensor-core up): the GPU test, then a paired A/B at M = 2, 4
+#   s173   the TP8 M = 1 rows with max-autotune and the EARLY default (session 42's are the latest)
 #   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed first (a process per kind) and again after; layer_ab in the same call
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor
 #   s169   the TP16 M = 1 rows with max-autotune (session 29's are the latest)
@@ -97,6 +99,18 @@ elif [ "$part" = s167 ]; then     # session 45. The M = 64 rows with 16 layers p
     echo "layer M=64 graph-rounds 8 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64r8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     cp "$L"/layer_bench_m64r8.json "$L/lb_m64r8.txt" "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s167.tgz" -C "$L" .
+elif [ "$part" = s172 ]; then     # session 47: K3FUSE_MOE_DOWN_EARLY with the tensor-core up (up_mma_kernel's trigger
+    # after its wait). Predicted: -0.3..-1 us per layer at M = 2 (the down's W2: 44 MB as at M = 1, one up wave fewer
+    # to hide it in); M = 4 less (AX loads all slots at once there, the down is longer)
+    smoke_or_stop s172 early_gpu 300 tests/test_moe_kernel_gpu.py -k "early_after_topk or ax_bit_identical"
+    ab_run early_m24 280 --var K3FUSE_MOE_DOWN_EARLY=0,1 --kinds kda,mla --tp 8 --ms 2,4 --pairs 10
+    tar czf "$OUT/logs_s172.tgz" -C "$L" .
+elif [ "$part" = s173 ]; then     # the TP8 M = 1 rows with max-autotune, with the EARLY default (session 42's predate it)
+    timeout 420 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1 --top 16 --max-autotune \
+        --tag _m1tp8 > "$L/lb_m1tp8.txt" 2>&1
+    echo "layer TP8 M=1 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m1tp8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
+    cp "$L"/layer_bench_m1tp8.json "$L"/layer_bench_m1tp8.png "$L/lb_m1tp8.txt" "$OUT/" 2>/dev/null
+    tar czf "$OUT/logs_s173.tgz" -C "$L" .
 elif [ "$part" = s169 ]; then     # the TP16 M = 1 rows with max-autotune, last run in session 29 (s83)
     timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
         --tag _m1tp16 > "$L/lb_m1tp16.txt" 2>&1
@@ -204,6 +218,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, ab, s158, s155, s149, s152, s153, s154, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, tests2, s172, s173, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
     exit 2
 fi
