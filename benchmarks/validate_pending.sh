@@ -8,6 +8,7 @@
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
 #   s172   EARLY at TP8 buckets 2 and 4 (the tensor-core up): the GPU test, then a paired A/B at M = 2, 4
 #   s173   the TP8 M = 1 rows with max-autotune and the EARLY default (session 42's are the latest)
+#   s174   the per-head MLA kernel at TP8 M = 1 again (8 kernels instead of 11): paired A/Bs, clusters of 8 and none
 #   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed first (a process per kind) and again after; layer_ab in the same call
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor
 #   s169   the TP16 M = 1 rows with max-autotune (session 29's are the latest)
@@ -111,6 +112,14 @@ elif [ "$part" = s173 ]; then     # the TP8 M = 1 rows with max-autotune, with t
     echo "layer TP8 M=1 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m1tp8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     cp "$L"/layer_bench_m1tp8.json "$L"/layer_bench_m1tp8.png "$L/lb_m1tp8.txt" "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s173.tgz" -C "$L" .
+elif [ "$part" = s174 ]; then     # session 47: the per-head MLA kernel at TP8 M = 1 (12 heads) was +0.94 us against the
+    # three launches in session 26 (clusters of 8, 3 / 16) and "+2.5" in session 28; since then QFIRST (session 29: -1.06
+    # at TP16 M = 1 in that kernel) and the three-launch path's session 37-38 changes. Measured again: with clusters
+    # of 8 (96 CTAs) and without (11 splits merged by the counters, 132 CTAs). Even or better: MLA TP8 M = 1 at 8 kernels
+    smoke_or_stop s174 heads12 200 tests/test_mla_heads_gpu.py -k "12"
+    ab_run heads_tp8 170 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 12
+    ab_run heads_tp8_cl1 170 --arms "-; K3FUSE_MLA_HEADS=1 K3FUSE_MLA_HEADS_CL=1" --kinds mla --tp 8 --ms 1 --pairs 12
+    tar czf "$OUT/logs_s174.tgz" -C "$L" .
 elif [ "$part" = s169 ]; then     # the TP16 M = 1 rows with max-autotune, last run in session 29 (s83)
     timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
         --tag _m1tp16 > "$L/lb_m1tp16.txt" 2>&1
@@ -218,6 +227,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, tests2, s172, s173, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, tests2, s172, s173, s174, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
     exit 2
 fi
