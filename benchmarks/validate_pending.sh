@@ -9,6 +9,7 @@
 #   s172   EARLY at TP8 buckets 2 and 4 (the tensor-core up): the GPU test, then a paired A/B at M = 2, 4
 #   s173   the TP8 M = 1 rows with max-autotune and the EARLY default (session 42's are the latest)
 #   s174   the per-head MLA kernel at TP8 M = 1 again (8 kernels instead of 11): paired A/Bs, clusters of 8 and none
+#   s175   order_probe.py: which step of a layer_bench row slows k3fuse's later timing (s168: +10-15% at M = 64)
 #   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed first (a process per kind) and again after; layer_ab in the same call
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor
 #   s169   the TP16 M = 1 rows with max-autotune (session 29's are the latest)
@@ -20,9 +21,10 @@
 #   s140   why 3216x7168's wgmma entry at bucket 16 lost in the layer
 # Logs go to /tmp/k3v and come back as a tarball; $OUT/summary.txt grows after every step, so a cut call still
 # returns what ran.
-OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v; mkdir -p "$L"
-S="$OUT/summary.txt"
 part=${1:-tests}
+# a folder per part: a warm machine keeps /tmp between calls, and a part's tarball is to hold its own logs only
+OUT=${OUT:-/tmp/k3out}; mkdir -p "$OUT"; L=/tmp/k3v/$part; mkdir -p "$L"
+S="$OUT/summary.txt"
 # ncu_layer's metrics: stall reasons per issued instruction, DRAM bytes and throughput, occupancy limits
 NCU_BASE="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,dram__bytes_read.sum,gpu__time_duration.sum"
 NCU_BASE="$NCU_BASE,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers,launch__grid_size"
@@ -120,6 +122,11 @@ elif [ "$part" = s174 ]; then     # session 47: the per-head MLA kernel at TP8 M
     ab_run heads_tp8 170 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 12
     ab_run heads_tp8_cl1 170 --arms "-; K3FUSE_MLA_HEADS=1 K3FUSE_MLA_HEADS_CL=1" --kinds mla --tp 8 --ms 1 --pairs 12
     tar czf "$OUT/logs_s174.tgz" -C "$L" .
+elif [ "$part" = s175 ]; then     # session 47: s168 on an H100 timed k3fuse's KDA / MLA TP8 M = 64 graphs at 1055 / 1091 us
+    # first in the process and 1164 / 1252 us at the end of the row. Which step does it, and does the same graph slow
+    # too (the process) or only fresh captures? M = 1 too: every README row is timed after eager's profiler session
+    timeout 400 python3 benchmarks/order_probe.py --out "$OUT" --kinds kda,mla --tp 8 --ms 64,1 > "$OUT/order_probe.txt" 2>&1
+    echo "order_probe rc=$?" | tee -a "$S"; grep -v '^{' "$OUT/order_probe.txt" | grep -v Warn | tail -32 | tee -a "$S"
 elif [ "$part" = s169 ]; then     # the TP16 M = 1 rows with max-autotune, last run in session 29 (s83)
     timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
         --tag _m1tp16 > "$L/lb_m1tp16.txt" 2>&1
@@ -227,6 +234,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, tests2, s172, s173, s174, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, tests2, s172, s173, s174, s175, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
     exit 2
 fi
