@@ -6,7 +6,6 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
-#   s172   EARLY at TP8 buckets 2 and 4 (the tensor-core up): the GPU test, then a paired A/B at M = 2, 4
 #   s173   the TP8 M = 1 rows with max-autotune and the EARLY default (session 42's are the latest)
 #   s174   the per-head MLA kernel at TP8 M = 1 again (8 kernels instead of 11): paired A/Bs, clusters of 8 and none
 #   s175   order_probe.py: which step of a layer_bench row slows k3fuse's later timing (s168: +10-15% at M = 64)
@@ -102,12 +101,6 @@ elif [ "$part" = s167 ]; then     # session 45. The M = 64 rows with 16 layers p
     echo "layer M=64 graph-rounds 8 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64r8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     cp "$L"/layer_bench_m64r8.json "$L/lb_m64r8.txt" "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s167.tgz" -C "$L" .
-elif [ "$part" = s172 ]; then     # session 47: K3FUSE_MOE_DOWN_EARLY with the tensor-core up (up_mma_kernel's trigger
-    # after its wait). Predicted: -0.3..-1 us per layer at M = 2 (the down's W2: 44 MB as at M = 1, one up wave fewer
-    # to hide it in); M = 4 less (AX loads all slots at once there, the down is longer)
-    smoke_or_stop s172 early_gpu 300 tests/test_moe_kernel_gpu.py -k "early_after_topk or ax_bit_identical"
-    ab_run early_m24 280 --var K3FUSE_MOE_DOWN_EARLY=0,1 --kinds kda,mla --tp 8 --ms 2,4 --pairs 10
-    tar czf "$OUT/logs_s172.tgz" -C "$L" .
 elif [ "$part" = s173 ]; then     # the TP8 M = 1 rows with max-autotune, with the EARLY default (session 42's predate it)
     timeout 420 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1 --top 16 --max-autotune \
         --tag _m1tp8 > "$L/lb_m1tp8.txt" 2>&1
@@ -234,6 +227,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, tests2, s172, s173, s174, s175, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, tests2, s173, s174, s175, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
     exit 2
 fi

@@ -350,7 +350,9 @@ def down_axb(I: int, bucket: int, ksl: int) -> int:
 # (I, bucket) where the layer measured the EARLY down faster (session 46, an H100 with the H200 table, layer_ab
 # K3FUSE_MOE_DOWN_EARLY=0,1, 12 pairs, RESULTS.md): TP8 (I = 384) M = 1 -0.72 us per KDA layer [-1.26, -0.10] (9 / 12),
 # -0.90 per MLA layer [-1.89, -0.19] (9 / 12). Not listed: TP16 M = 1, where AX + EARLY against the defaults measured
-# -0.05 (KDA, 6 / 10) and +0.74 (MLA, 3 / 10); TP8 buckets 2 and 4 (AX with the tensor-core up: not yet measured)
+# -0.05 (KDA, 6 / 10) and +0.74 (MLA, 3 / 10); TP8 buckets 2 and 4 (the tensor-core up: session 47 gave it the
+# trigger after its wait and measured, H100, 10 pairs: KDA +0.38 / +8.17 us at M = 2 / 4, MLA -0.34 / +8.88; removed,
+# commit 8fc9152 has it)
 EARLY_MEASURED = {(384, 1)}
 
 
@@ -363,13 +365,13 @@ def down_early(params: dict) -> bool:
     lead in PERF_NOTES, in its cheap form). Safe because the ids come from the top-k up the chain: with the up's
     trigger after its wait, the down launches only once every up CTA has passed that wait, i.e. every earlier grid
     has completed; for the up's grid of several waves that trigger is no later than the one at its start. Only where
-    the down is the simt AX kernel (the up: simt, or the tensor-core UPMMA at TP8 buckets 2 and 4, whose trigger moves
-    likewise), under the chain. The sums and their order are AX's: bitwise the same. K3FUSE_MOE_DOWN_EARLY=1 / 0 forces it on / off;
+    the down is the simt AX kernel and the up the simt one (the tensor-core up keeps its trigger at the start), under
+    the chain. The sums and their order are AX's: bitwise the same. K3FUSE_MOE_DOWN_EARLY=1 / 0 forces it on / off;
     unset, where EARLY_MEASURED lists (I, bucket). Read when a kernel is rendered."""
     v = knobs.env("K3FUSE_MOE_DOWN_EARLY")
     if v == "0" or (v != "1" and (params["I"], params["BM"]) not in EARLY_MEASURED):
         return False
-    return bool(params.get("AX")) and not params.get("DOWNMMA") and pdl_chain()
+    return bool(params.get("AX")) and not params.get("UPMMA") and not params.get("DOWNMMA") and pdl_chain()
 
 
 def template_params(E, I, D, KT, bucket, cfg, beta, lbeta) -> dict:

@@ -535,8 +535,8 @@ def test_down_early_loads_before_the_wait(axb, monkeypatch, tmp_path, capfd):
     AX with AXB = 1, or all at once with AXB = 0) the down kernel issues its ids, routing weights and first W2 batch
     before griddepcontrol.wait, a's loads after it; the simt up waits before it triggers. Checked in the machine code
     (ptxas may sink loads past the wait, CUTEDSL.md pitfall 3): SASS ACQBULK = wait, PREEXIT = trigger. With =0,
-    or without the PDL chain, the sources are AX's; 64 registers at AXB = 1 (two 512-thread CTAs per SM), no
-    spills."""
+    or without the PDL chain, or with the tensor-core up (bucket 2), the sources are AX's; 64 registers at
+    AXB = 1 (two 512-thread CTAs per SM), no spills."""
     monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
     monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", str(axb))
@@ -556,10 +556,11 @@ def test_down_early_loads_before_the_wait(axb, monkeypatch, tmp_path, capfd):
     down = src[src.index("def down_kernel"):src.index("def ENTRY")]
     assert down.index("griddepcontrol_launch_dependents()") < down.index("mIds[") < down.index("gW[") \
         < down.index("griddepcontrol_wait()") < down.index("gA[")
-    # not rendered without the chain
+    # not rendered without the chain, nor where the tensor-core up keeps its trigger at the start
     monkeypatch.setenv("K3FUSE_PDL_CHAIN", "0")
     assert "EARLY" not in me.render_source(E, I, D, KT, b, cfg=cfg)[0].split("\n")[1]
     monkeypatch.delenv("K3FUSE_PDL_CHAIN")
+    assert not me.down_early(dict(me.template_params(E, I, D, KT, b, cfg, 4.0, 25.0), UPMMA=True))
     regs, st, ld = ptxas_report(src, f"early_{axb}", "sm_90a", tmp_path, capfd)["down_kernel"]
     assert st == ld == 0 and (regs <= 64 or axb == 0), regs
     k = me.build(E, I, D, KT, b, cfg=cfg, arch="sm_90a", load=False)
@@ -578,50 +579,10 @@ def test_down_early_loads_before_the_wait(axb, monkeypatch, tmp_path, capfd):
                                                                          upops[:upops.index("ACQBULK")])
 
 
-@pytest.mark.parametrize("b,wd,axb", [(2, 2, 1), (4, 1, 0)])
-def test_down_early_with_the_tensor_core_up(b, wd, axb, monkeypatch, tmp_path, capfd):
-    """K3FUSE_MOE_DOWN_EARLY=1 at TP8 buckets 2 and 4 (the H200 table's layer configs: KS = 2, LPR = 16, the AX
-    down with AXB = 1 / all slots at once, the tensor-core up): the up_mma_kernel waits before it triggers, as the
-    simt up does, and the down issues its ids, weights and first W2 batch before its wait. The SASS (ACQBULK = wait,
-    PREEXIT = trigger) says ptxas kept that order; no spills."""
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_MMA", "0")
-    monkeypatch.setenv("K3FUSE_MOE_UP_MMA", "1")
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_AX", "1")
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_AXB", str(axb))
-    monkeypatch.delenv("K3FUSE_PDL_CHAIN", raising=False)
-    I, ks, lpr = 384, 2, 16
-    cfg = dict(me.default_config(E, I, D, KT, b), KS=ks, WD=wd, SB=2, LPR=lpr, RT=1)
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "0")
-    base = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "1")
-    src = me.render_source(E, I, D, KT, b, cfg=cfg)[0]
-    head = src.split("\n")[1]
-    assert "EARLY=True" in head and "UPMMA=True" in head and "EARLY" not in base.split("\n")[1]
-    up = src[src.index("def up_mma_kernel"):src.index("def down_kernel")]
-    assert up.index("griddepcontrol_wait()") < up.index("griddepcontrol_launch_dependents()") < up.index("mIds[")
-    base_up = base[base.index("def up_mma_kernel"):base.index("def down_kernel")]
-    assert base_up.index("griddepcontrol_launch_dependents()") < base_up.index("griddepcontrol_wait()")
-    k = me.build(E, I, D, KT, b, cfg=cfg, arch="sm_90a", load=False)
-    assert k.source == src and "ld.local" not in open(k.files["kernel.ptx"]).read()
-    rep = ptxas_report(src, f"early_mma_{b}", "sm_90a", tmp_path, capfd)
-    assert rep["down_kernel"][1:] == (0, 0) and rep["up_mma_kernel"][1:] == (0, 0), rep
-    ops = _down_sass(k)
-    if ops is None:
-        pytest.skip("no nvdisasm / cuobjdump: the SASS is not read")
-    wait = ops.index("ACQBULK")
-    vpl, ksl = (I // 8) // lpr, KT // ks
-    first = vpl * (axb or ksl)
-    assert sum(1 for o in ops[:wait] if o.startswith("LDG") and "128" in o) == first
-    assert sum(1 for o in ops[:wait] if o.startswith("LDG")) == first + 2 * ksl
-    upops = _down_sass(k, "up_mma_kernel")
-    assert upops.index("ACQBULK") < upops.index("PREEXIT") and not any(o.startswith("LDG") for o in
-                                                                         upops[:upops.index("ACQBULK")])
-
-
 def test_down_early_follows_the_measured_rule(monkeypatch):
     """Unset, K3FUSE_MOE_DOWN_EARLY takes EARLY_MEASURED: on at TP8 bucket 1 (session 46's A/B), off at TP16 bucket 1
-    even with AX forced (AX + EARLY measured noise there) and at TP8 bucket 2 (the tensor-core up: not measured);
-    =1 forces it where the down is the AX kernel (either up), =0 never."""
+    even with AX forced (AX + EARLY measured noise there) and at TP8 bucket 2 (the tensor-core up); =1 forces it where
+    the down is the AX kernel and the up the simt one, =0 never."""
     monkeypatch.delenv("K3FUSE_MOE_DOWN_EARLY", raising=False)
     monkeypatch.delenv("K3FUSE_MOE_DOWN_AX", raising=False)
     monkeypatch.delenv("K3FUSE_MOE_DOWN_AXB", raising=False)
@@ -642,7 +603,4 @@ def test_down_early_follows_the_measured_rule(monkeypatch):
     monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "0")
     assert not early(384, cfg8)
     monkeypatch.delenv("K3FUSE_MOE_DOWN_EARLY")
-    p2 = dict(me.template_params(E, 384, D, KT, 2, dict(cfg8, KS=2, WD=2, LPR=16), 4.0, 25.0), AX=True, UPMMA=True)
-    assert not me.down_early(p2)
-    monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "1")
-    assert me.down_early(p2) and not me.down_early(dict(p2, DOWNMMA=True))
+    assert not me.down_early(dict(me.template_params(E, 384, D, KT, 2, cfg8, 4.0, 25.0), UPMMA=True))
