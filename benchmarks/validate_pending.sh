@@ -7,9 +7,7 @@
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
 #   s173   the TP8 M = 1 rows with max-autotune and the EARLY default (session 42's are the latest)
-#   s174   the per-head MLA kernel at TP8 M = 1 again (8 kernels instead of 11): paired A/Bs, clusters of 8 and none
-#   s175   order_probe.py: which step of a layer_bench row slows k3fuse's later timing (s168: +10-15% at M = 64)
-#   s168   layer_bench's M = 64 rows against layer_ab's: k3fuse timed first (a process per kind) and again after; layer_ab in the same call
+#   s168   order_probe.py, then layer_bench's M = 64 rows timed first and again after (a process per kind); layer_ab optional
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor
 #   s169   the TP16 M = 1 rows with max-autotune (session 29's are the latest)
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
@@ -107,19 +105,6 @@ elif [ "$part" = s173 ]; then     # the TP8 M = 1 rows with max-autotune, with t
     echo "layer TP8 M=1 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m1tp8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     cp "$L"/layer_bench_m1tp8.json "$L"/layer_bench_m1tp8.png "$L/lb_m1tp8.txt" "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s173.tgz" -C "$L" .
-elif [ "$part" = s174 ]; then     # session 47: the per-head MLA kernel at TP8 M = 1 (12 heads) was +0.94 us against the
-    # three launches in session 26 (clusters of 8, 3 / 16) and "+2.5" in session 28; since then QFIRST (session 29: -1.06
-    # at TP16 M = 1 in that kernel) and the three-launch path's session 37-38 changes. Measured again: with clusters
-    # of 8 (96 CTAs) and without (11 splits merged by the counters, 132 CTAs). Even or better: MLA TP8 M = 1 at 8 kernels
-    smoke_or_stop s174 heads12 200 tests/test_mla_heads_gpu.py -k "12"
-    ab_run heads_tp8 170 --var K3FUSE_MLA_HEADS=0,1 --kinds mla --tp 8 --ms 1 --pairs 12
-    ab_run heads_tp8_cl1 170 --arms "-; K3FUSE_MLA_HEADS=1 K3FUSE_MLA_HEADS_CL=1" --kinds mla --tp 8 --ms 1 --pairs 12
-    tar czf "$OUT/logs_s174.tgz" -C "$L" .
-elif [ "$part" = s175 ]; then     # session 47: s168 on an H100 timed k3fuse's KDA / MLA TP8 M = 64 graphs at 1055 / 1091 us
-    # first in the process and 1164 / 1252 us at the end of the row. Which step does it, and does the same graph slow
-    # too (the process) or only fresh captures? M = 1 too: every README row is timed after eager's profiler session
-    timeout 400 python3 benchmarks/order_probe.py --out "$OUT" --kinds kda,mla --tp 8 --ms 64,1 > "$OUT/order_probe.txt" 2>&1
-    echo "order_probe rc=$?" | tee -a "$S"; grep -v '^{' "$OUT/order_probe.txt" | grep -v Warn | tail -32 | tee -a "$S"
 elif [ "$part" = s169 ]; then     # the TP16 M = 1 rows with max-autotune, last run in session 29 (s83)
     timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
         --tag _m1tp16 > "$L/lb_m1tp16.txt" 2>&1
@@ -132,7 +117,11 @@ elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no 
     # (timed, profiled), k3fuse profiled, and k3fuse's graph timed again (k3fuse_us_recheck)
     # session 46 ran the KDA row's three orders on an H100 (RESULTS.md): no consistent effect there; this part is for
     # an H200, where session 45 saw the 8% gap. S168_KINDS="kda mla" for both rows, S168_AB=1 for layer_ab beside them
+    # session 47: on one H100 the recheck read +10% / +15% (KDA / MLA), on another order_probe.py found no step of
+    # the row that moves a later timing (RESULTS.md). First order_probe at TP8 M = 64 on the H200, then the rows
     smi_start s168
+    timeout 200 python3 benchmarks/order_probe.py --out "$OUT" --kinds kda,mla --tp 8 --ms 64 > "$OUT/order_probe.txt" 2>&1
+    echo "order_probe rc=$?" | tee -a "$S"; grep -v '^{' "$OUT/order_probe.txt" | grep -v Warn | tail -16 | tee -a "$S"
     # one process per kind: in one process the second kind's "first" timing would follow the first kind's profiler
     # sessions. Output straight into $OUT: the JSON is rewritten after each row, so a cut call returns the rows done
     for k in ${S168_KINDS:-kda}; do
@@ -227,6 +216,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, tests2, s173, s174, s175, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, tests2, s173, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
     exit 2
 fi
