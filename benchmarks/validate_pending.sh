@@ -6,6 +6,7 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
+#   s176   with EARLY on, all of a lane's W2 slots before the wait (AXB = 0) against one batch (AXB = 1), TP8 M = 1
 #   s173   the TP8 M = 1 rows with max-autotune and the EARLY default (session 42's are the latest)
 #   s168   order_probe.py, then layer_bench's M = 64 rows timed first and again after (a process per kind); layer_ab optional
 #   s167   the M = 64 rows at 16 layers per graph with each copy's own floor
@@ -99,6 +100,11 @@ elif [ "$part" = s167 ]; then     # session 45. The M = 64 rows with 16 layers p
     echo "layer M=64 graph-rounds 8 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64r8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     cp "$L"/layer_bench_m64r8.json "$L/lb_m64r8.txt" "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s167.tgz" -C "$L" .
+elif [ "$part" = s176 ]; then     # session 47: session 41 chose AXB = 1 over all slots at once (-1.50 / -1.90 us per KDA /
+    # MLA layer) when every W2 load came after the wait; with EARLY the first batch is what streams during the up's
+    # tail, and AXB = 0 makes that batch all four slots (24 LDG.128 per lane, more registers: one 512-thread CTA per SM
+    # fewer). Predicted: within +-1 us; a loss if the register cost still dominates
+    ab_run early_axb 200 --var K3FUSE_MOE_DOWN_AXB=1,0 --kinds kda,mla --tp 8 --ms 1 --pairs 12
 elif [ "$part" = s173 ]; then     # the TP8 M = 1 rows with max-autotune, with the EARLY default (session 42's predate it)
     timeout 420 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1 --top 16 --max-autotune \
         --tag _m1tp8 > "$L/lb_m1tp8.txt" 2>&1
@@ -216,6 +222,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, tests2, s173, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, tests2, s176, s173, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
     exit 2
 fi
