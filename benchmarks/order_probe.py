@@ -73,8 +73,6 @@ def main():
                 measure("3 after eager profiled")
                 profile_kernels(k3, layers[0], clone_inputs(base))
                 measure("4 after k3fuse profiled again")
-                del g
-                torch.cuda.synchronize()
                 with open(os.path.join(args.out, "order_probe.json"), "w") as f:
                     json.dump(rows, f, indent=1)
                 print(f"\n{kind} tp{tp} M{M}: us per layer, medians over reps (same graph G / fresh capture)")

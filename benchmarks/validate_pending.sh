@@ -17,7 +17,7 @@
 #   s139   wgmma clusters of 14-16: tests, memcheck, shapes, A/B
 #   s150   ncu of the M = 64 MLA split / combine with session 37's defaults
 #   s140   why 3216x7168's wgmma entry at bucket 16 lost in the layer
-# Logs go to /tmp/k3v and come back as a tarball; $OUT/summary.txt grows after every step, so a cut call still
+# Logs go to /tmp/k3v/PART and come back as a tarball; $OUT/summary.txt grows after every step, so a cut call still
 # returns what ran.
 part=${1:-tests}
 # a folder per part: a warm machine keeps /tmp between calls, and a part's tarball is to hold its own logs only

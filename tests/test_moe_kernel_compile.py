@@ -604,3 +604,8 @@ def test_down_early_follows_the_measured_rule(monkeypatch):
     assert not early(384, cfg8)
     monkeypatch.delenv("K3FUSE_MOE_DOWN_EARLY")
     assert not me.down_early(dict(me.template_params(E, 384, D, KT, 2, cfg8, 4.0, 25.0), UPMMA=True))
+    # forced on, still not behind the tensor-core up (its trigger stays at its start: session 47 measured the moved
+    # trigger and removed it) nor with the tensor-core down
+    monkeypatch.setenv("K3FUSE_MOE_DOWN_EARLY", "1")
+    p2 = dict(me.template_params(E, 384, D, KT, 2, cfg8, 4.0, 25.0), AX=True)
+    assert me.down_early(p2) and not me.down_early(dict(p2, UPMMA=True)) and not me.down_early(dict(p2, DOWNMMA=True))
