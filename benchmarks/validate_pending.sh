@@ -6,6 +6,10 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
+#   s177   q_b inside the three launches' first kernel (qb_absorb, K3FUSE_MLA_QB3): tests, memcheck, A/B TP8 M = 1
+#   s179   s177's kernels in the profile per arm, then qb_absorb with clusters of 16
+#   s180   qb_absorb's op alone and behind a 52 MB GEMV against the q_b GEMV + qabsorb (qb3_probe.py)
+#   s178   the same A/B at TP8 M = 2, 4
 #   s176   with EARLY on, all of a lane's W2 slots before the wait (AXB = 0) against one batch (AXB = 1), TP8 M = 1
 #   s173   the TP8 M = 1 rows with max-autotune and the EARLY default (session 42's are the latest)
 #   s168   order_probe.py, then layer_bench's M = 64 rows timed first and again after (a process per kind); layer_ab optional
@@ -100,6 +104,30 @@ elif [ "$part" = s167 ]; then     # session 45. The M = 64 rows with 16 layers p
     echo "layer M=64 graph-rounds 8 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64r8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
     cp "$L"/layer_bench_m64r8.json "$L/lb_m64r8.txt" "$OUT/" 2>/dev/null
     tar czf "$OUT/logs_s167.tgz" -C "$L" .
+elif [ "$part" = s177 ]; then     # session 48: MLA TP8 M = 1 launches the q_b GEMV (7 MB) and then qabsorb; qb_absorb
+    # computes q in clusters of 8 per (head, row) from W_qb rows bulk-copied before the chain's wait, then absorbs:
+    # one launch fewer (11 -> 10). Predicted -1..-2.5 us per MLA layer (the q_b GEMV's ~1.7 us over its bytes and a
+    # boundary), or a loss if 96 CTAs pull 7 MB slower than the GEMV's full grid
+    smoke_or_stop s177 qb3 300 tests/test_mla_heads_gpu.py -k "qb_three or qb_op_falls_back"
+    memcheck qb3_memcheck 200 tests/test_mla_heads_gpu.py -k "qb_three and 12-1-1024"
+    ab_run qb3_m1 330 --var K3FUSE_MLA_QB3=0,1 --kinds mla --tp 8 --ms 1 --pairs 12
+    tar czf "$OUT/logs_s177.tgz" -C "$L" .
+elif [ "$part" = s179 ]; then     # session 48: s177 lost (+1.94 us, 0 / 12). Where: each arm's kernels in the profile;
+    # then clusters of 16 (12 + 4 rows of W_qb per CTA, 192 CTAs: half the bytes per SM)
+    K3FUSE_MLA_QB3_CL=16 smoke_or_stop s179 qb3_cl16 200 tests/test_mla_heads_gpu.py -k "qb_three and 12-1"
+    for a in 0 1; do
+        K3FUSE_MLA_QB3=$a timeout 150 python3 benchmarks/layer_bench.py --out "$L" --kinds mla --tp 8 --ms 1 \
+            --skip eager,inductor --top 16 --tag "_qb3_$a" > "$L/lb_qb3_$a.txt" 2>&1
+        echo "profile QB3=$a rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_qb3_$a.txt" | sed -n '/^kind/,$p' | cut -c1-130 \
+            | tee -a "$S"
+    done
+    ab_run qb3_cl16 240 --arms "-; K3FUSE_MLA_QB3=1 K3FUSE_MLA_QB3_CL=16" --kinds mla --tp 8 --ms 1 --pairs 12
+    tar czf "$OUT/logs_s179.tgz" -C "$L" .
+elif [ "$part" = s180 ]; then     # session 48: qb_absorb's op alone and behind a 52 MB GEMV, QB3 = 0 / 1 (qb3_probe.py)
+    timeout 300 python3 benchmarks/qb3_probe.py --out "$L" > "$L/qb3_probe.txt" 2>&1
+    echo "qb3_probe rc=$?" | tee -a "$S"; tail -6 "$L/qb3_probe.txt" | tee -a "$S"; cp "$L/qb3_probe.json" "$OUT/" 2>/dev/null
+elif [ "$part" = s178 ]; then     # session 48: s177's A/B at TP8 M = 2 and 4 (QS = 8 there too; W_qb re-read per row)
+    ab_run qb3_m24 540 --var K3FUSE_MLA_QB3=0,1 --kinds mla --tp 8 --ms 2,4 --pairs 10
 elif [ "$part" = s176 ]; then     # session 47: session 41 chose AXB = 1 over all slots at once (-1.50 / -1.90 us per KDA /
     # MLA layer) when every W2 load came after the wait; with EARLY the first batch is what streams during the up's
     # tail, and AXB = 0 makes that batch all four slots (24 LDG.128 per lane, more registers: one 512-thread CTA per SM
@@ -222,6 +250,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, tests2, s176, s173, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, tests2, s177, s179, s180, s178, s176, s173, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
     exit 2
 fi

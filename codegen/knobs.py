@@ -70,6 +70,11 @@ TABLE: tuple[Knob, ...] = (
        "nowhere; unset: HEADS_BY_HEADS (TP16 M = 1, 2)"),
     _K("K3FUSE_MLA_QB", "1", "path", (MLA,),
        "0: the per-head MLA kernel does not compute q itself (q_b launched apart)"),
+    _K("K3FUSE_MLA_QB3", "", "unmeasured", (MLA,),
+       "1 / 0: where the per-head MLA kernel is not chosen, q_b's projection inside the three launches' first kernel "
+       "(qb_absorb: clusters per (head, row)) wherever it applies / nowhere; unset: QB3_BY_HEADS (empty)"),
+    _K("K3FUSE_MLA_QB3_CL", "", "unmeasured", (MLA,),
+       "N: qb_absorb's cluster size and column splits (4, 8 or 16; 16 is non-portable); unset: the bucket's QS"),
     _K("K3FUSE_INKERNEL_COLLECTIVES", "", "path", (),
        "1: the registry may route all-reduce / all-gather to the in-kernel one-shot kernels over peer buffers "
        "(multi-GPU; opt-in: only TP = 2 has run across GPUs)"),

@@ -1047,3 +1047,67 @@ def test_mla_pv_mma_compiles(arch, h, monkeypatch):
     assert len(re.findall(mma, body)) == len(re.findall(mma, body_off)) + pv
     assert len(re.findall(r"movmatrix", body)) == K3["C"] // 128 * 4 * kbs
     assert "ld.local" not in body and "st.local" not in body
+
+
+@pytest.mark.parametrize("arch,h", [("sm_90a", 12), ("sm_100a", 12), ("sm_90a", 6)])
+def test_mla_qb3_kernel_compiles(arch, h, isolated_kernel_cache):
+    """q_b inside the three launches' first kernel (qb_absorb, K3FUSE_MLA_QB3): clusters of QS = 8 per (head, row),
+    each rank bulk-copying its 16 + 8 rows of W_qb (one row per thread, two predicated copies in the PTX) and storing
+    its 24 rows of q into every rank (one st.shared::cluster per warp-row step: 24 rows / 8 warps); W_UK's RPT 16-byte
+    loads per thread as qabsorb's; two cluster barriers (the first relaxed: every rank started before the first remote
+    store), no local memory. On sm_90a the bulk copies come before the chain's wait (UBLKCP before ACQBULK) and W_UK's
+    loads right after it, ahead of cq's. The default source has none of it."""
+    pytest.importorskip("cutlass")
+    kw = dict(splits=(8, 8), append_eps=1e-6, gate=True, out_dtype="bfloat16")
+    off = ma.render_source(h, **K3, scale=SCALE, **kw)
+    assert "qb_absorb" not in off and "st_cluster_f32" not in off
+    k = ma.build(h, **K3, scale=SCALE, arch=arch, load=False, qb=(1536, 1e-6), **kw)
+    ks = entries(open(k.files["kernel.ptx"]).read())
+    assert set(ks) == {"qb_absorb_kernel", "split_kernel", "combine_kernel"}, list(ks)
+    body = ks["qb_absorb_kernel"]
+    assert "ld.local" not in body and "st.local" not in body
+    assert count(body, r"cp\.async\.bulk\.shared::cluster\.global") == 2
+    assert count(body, r"st\.shared::cluster\.f32") == -(-(K3["n"] // 8 + K3["r"] // 8) // 8)
+    assert count(body, r"barrier\.cluster\.arrive\.relaxed") == 1 and count(body, r"barrier\.cluster\.arrive") == 2
+    assert count(body, r"barrier\.cluster\.wait") == 2
+    v4 = r"ld\.global(?:\.[a-z0-9:_]+)*\.(?:v4\.[bfsu]32|v2\.[bfsu]64)\b"
+    # W_UK's rows (RPT), cq and q_norm_w (1 each), the append's ckv, kv_norm_w and k_pe chunks (1 each)
+    assert count(body, v4) == qabsorb_rows_per_thread(8) + 2 + 3
+    from test_codegen_compile import _nvdisasm
+    nd = _nvdisasm()
+    if nd is not None and arch == "sm_90a":
+        import subprocess
+        sass = subprocess.run([nd, "-c", k.files["kernel.cubin"]], capture_output=True, text=True, check=True).stdout
+        fn = sass[sass.index("qb_absorb_kernel"):]
+        fn = fn[:fn.index("split_kernel")] if "split_kernel" in fn else fn
+        assert fn.index("UBLKCP") < fn.index("ACQBULK") < fn.index("LDG.E.128")
+        assert not re.search(r"\b(STL|LDL)\b", fn)
+
+
+def test_mla_qb3_supports_and_plan(monkeypatch):
+    """qb3_supports: K3's widths at QS = 4, 8 (48 / 24 rows of 3 KB per CTA); not at QS = 2 (96 rows: 288 KB of shared
+    memory) or 16, 32 (no portable cluster), nor where h is padded or QS does not split n / r. qb_plan: the per-head kernel where it is chosen (TP16
+    M = 1), the three launches' qb_absorb at TP8 M = 1 only with K3FUSE_MLA_QB3=1 (QB3_BY_HEADS is empty), neither with
+    K3FUSE_MLA_QB=0 or where the bucket's QS is 32 (h = 6, M = 2 with the per-head kernel off)."""
+    for qs in (4, 8):
+        assert ma.qb3_supports(12, 128, 64, 512, 1536, qs) is None
+    for qs in (2, 16, 32):
+        assert ma.qb3_supports(12, 128, 64, 512, 1536, qs)
+    assert ma.qb3_supports(7, 128, 64, 512, 1536, 8)                 # padded to 8 heads
+    assert ma.qb3_supports(12, 128, 60, 512, 1536, 8)                # r = 60 does not split over 8
+    assert ma.qb3_supports(12, 128, 64, 512, 1000, 8)                # q_lora not a multiple of 256
+    with pytest.raises(ValueError):
+        ma.render_source(12, **K3, scale=SCALE, splits=(8, 8), qb=(1536, 1e-6))   # q_b only with the append
+    plan = lambda M, h: ma.qb_plan(M, h, 128, 128, 64, 512, 1536, 1024, 132)
+    monkeypatch.delenv("K3FUSE_MLA_QB3", raising=False)
+    monkeypatch.delenv("K3FUSE_MLA_HEADS", raising=False)
+    assert plan(1, 6) == ("heads", None)
+    assert plan(1, 12)[0] is None and "K3FUSE_MLA_QB3" in plan(1, 12)[1]
+    monkeypatch.setenv("K3FUSE_MLA_QB3", "1")
+    assert plan(1, 12) == ("three", None) and plan(4, 12) == ("three", None) and plan(1, 6) == ("heads", None)
+    assert ma.qb_plan_reason(1, 12, 128, 128, 64, 512, 1536, 1024, 132) is None
+    monkeypatch.setenv("K3FUSE_MLA_HEADS", "0")
+    assert plan(1, 6) == ("three", None)
+    assert plan(2, 6)[0] is None and "qabsorb splits 32" in plan(2, 6)[1]
+    monkeypatch.setenv("K3FUSE_MLA_QB", "0")
+    assert plan(1, 12) == (None, "K3FUSE_MLA_QB=0")
