@@ -6,20 +6,10 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
-#   s177   q_b inside the three launches' first kernel (qb_absorb, K3FUSE_MLA_QB3): tests, memcheck, A/B TP8 M = 1
-#   s179   s177's kernels in the profile per arm, then qb_absorb with clusters of 16
-#   s180   qb_absorb's op alone and behind a 52 MB GEMV against the q_b GEMV + qabsorb (qb3_probe.py)
-#   s178   the same A/B at TP8 M = 2, 4
-#   s176   with EARLY on, all of a lane's W2 slots before the wait (AXB = 0) against one batch (AXB = 1), TP8 M = 1
-#   s173   the TP8 M = 1 rows with max-autotune and the EARLY default (session 42's are the latest)
-#   s168   order_probe.py, then layer_bench's M = 64 rows timed first and again after (a process per kind); layer_ab optional
-#   s167   the M = 64 rows at 16 layers per graph with each copy's own floor
-#   s169   the TP16 M = 1 rows with max-autotune (session 29's are the latest)
+#   s181   the wgmma GEMV under synccheck per config (KS 16 flagged in s164), then 500 plain runs each
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
-#   s164   the wgmma reference test that failed once on an H100 (s161): synccheck, racecheck, then repeats
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
 #   s139   wgmma clusters of 14-16: tests, memcheck, shapes, A/B
-#   s150   ncu of the M = 64 MLA split / combine with session 37's defaults
 #   s140   why 3216x7168's wgmma entry at bucket 16 lost in the layer
 # Logs go to /tmp/k3v/PART and come back as a tarball; $OUT/summary.txt grows after every step, so a cut call still
 # returns what ran.
@@ -95,91 +85,17 @@ elif [ "$part" = tests2 ]; then   # compute-sanitizer memcheck on the kernel fam
         -k "(matches_reference or weight_pair) and not graph and not 64"
     pytests runtime_graphs 250 tests/test_runtime_gpu.py
     tar czf "$OUT/logs_tests2.tgz" -C "$L" .
-elif [ "$part" = s167 ]; then     # session 45. The M = 64 rows with 16 layers per graph (--graph-rounds 8) and
-    # the floor of each copy's own routing: s166 (H200) found each replay's kernels span 785 / 798 us per layer where the
-    # graph timed 822 / 880 (not explained: s168; at 16 layers per graph a per-replay cost shrinks), and copy 1's MLA layer 56 us longer
-    # than copy 0's
-    timeout 200 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16,8 --ms 64 --skip eager,inductor \
-        --top 16 --graph-rounds 8 --tag _m64r8 > "$L/lb_m64r8.txt" 2>&1
-    echo "layer M=64 graph-rounds 8 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m64r8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
-    cp "$L"/layer_bench_m64r8.json "$L/lb_m64r8.txt" "$OUT/" 2>/dev/null
-    tar czf "$OUT/logs_s167.tgz" -C "$L" .
-elif [ "$part" = s177 ]; then     # session 48: MLA TP8 M = 1 launches the q_b GEMV (7 MB) and then qabsorb; qb_absorb
-    # computes q in clusters of 8 per (head, row) from W_qb rows bulk-copied before the chain's wait, then absorbs:
-    # one launch fewer (11 -> 10). Predicted -1..-2.5 us per MLA layer (the q_b GEMV's ~1.7 us over its bytes and a
-    # boundary), or a loss if 96 CTAs pull 7 MB slower than the GEMV's full grid
-    smoke_or_stop s177 qb3 300 tests/test_mla_heads_gpu.py -k "qb_three or qb_op_falls_back"
-    memcheck qb3_memcheck 200 tests/test_mla_heads_gpu.py -k "qb_three and 12-1-1024"
-    ab_run qb3_m1 330 --var K3FUSE_MLA_QB3=0,1 --kinds mla --tp 8 --ms 1 --pairs 12
-    tar czf "$OUT/logs_s177.tgz" -C "$L" .
-elif [ "$part" = s179 ]; then     # session 48: s177 lost (+1.94 us, 0 / 12). Where: each arm's kernels in the profile;
-    # then clusters of 16 (12 + 4 rows of W_qb per CTA, 192 CTAs: half the bytes per SM)
-    K3FUSE_MLA_QB3_CL=16 smoke_or_stop s179 qb3_cl16 200 tests/test_mla_heads_gpu.py -k "qb_three and 12-1"
-    for a in 0 1; do
-        K3FUSE_MLA_QB3=$a timeout 150 python3 benchmarks/layer_bench.py --out "$L" --kinds mla --tp 8 --ms 1 \
-            --skip eager,inductor --top 16 --tag "_qb3_$a" > "$L/lb_qb3_$a.txt" 2>&1
-        echo "profile QB3=$a rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_qb3_$a.txt" | sed -n '/^kind/,$p' | cut -c1-130 \
-            | tee -a "$S"
+elif [ "$part" = s181 ]; then     # session 48: s164's synccheck flagged the wgmma GEMV's KS = 16 config (17 "Missing
+    # wait", then an illegal address under the tool; racecheck clean, 5 plain repeats passed). Which configs does it
+    # flag (KS 8: a portable cluster; 1: none), and does any give a wrong result in 500 plain runs?
+    for c in 8x4 16x4 1x2; do
+        timeout 100 compute-sanitizer --tool synccheck python3 benchmarks/wg_sync_probe.py --configs $c \
+            > "$L/sync_$c.txt" 2>&1
+        echo "synccheck $c rc=$? missing-wait lines $(grep -c 'Missing wait' "$L/sync_$c.txt") $(grep -E 'ERROR SUMMARY' \
+            "$L/sync_$c.txt" | tail -1) $(grep -E '^KS=' "$L/sync_$c.txt")" | tee -a "$S"
     done
-    ab_run qb3_cl16 240 --arms "-; K3FUSE_MLA_QB3=1 K3FUSE_MLA_QB3_CL=16" --kinds mla --tp 8 --ms 1 --pairs 12
-    tar czf "$OUT/logs_s179.tgz" -C "$L" .
-elif [ "$part" = s180 ]; then     # session 48: qb_absorb's op alone and behind a 52 MB GEMV, QB3 = 0 / 1 (qb3_probe.py)
-    timeout 300 python3 benchmarks/qb3_probe.py --out "$L" > "$L/qb3_probe.txt" 2>&1
-    echo "qb3_probe rc=$?" | tee -a "$S"; tail -6 "$L/qb3_probe.txt" | tee -a "$S"; cp "$L/qb3_probe.json" "$OUT/" 2>/dev/null
-elif [ "$part" = s178 ]; then     # session 48: s177's A/B at TP8 M = 2 and 4 (QS = 8 there too; W_qb re-read per row)
-    ab_run qb3_m24 540 --var K3FUSE_MLA_QB3=0,1 --kinds mla --tp 8 --ms 2,4 --pairs 10
-elif [ "$part" = s176 ]; then     # session 47: session 41 chose AXB = 1 over all slots at once (-1.50 / -1.90 us per KDA /
-    # MLA layer) when every W2 load came after the wait; with EARLY the first batch is what streams during the up's
-    # tail, and AXB = 0 makes that batch all four slots (24 LDG.128 per lane, more registers: one 512-thread CTA per SM
-    # fewer). Predicted: within +-1 us; a loss if the register cost still dominates
-    ab_run early_axb 200 --var K3FUSE_MOE_DOWN_AXB=1,0 --kinds kda,mla --tp 8 --ms 1 --pairs 12
-elif [ "$part" = s173 ]; then     # the TP8 M = 1 rows with max-autotune, with the EARLY default (session 42's predate it)
-    timeout 420 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 8 --ms 1 --top 16 --max-autotune \
-        --tag _m1tp8 > "$L/lb_m1tp8.txt" 2>&1
-    echo "layer TP8 M=1 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m1tp8.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
-    cp "$L"/layer_bench_m1tp8.json "$L"/layer_bench_m1tp8.png "$L/lb_m1tp8.txt" "$OUT/" 2>/dev/null
-    tar czf "$OUT/logs_s173.tgz" -C "$L" .
-elif [ "$part" = s169 ]; then     # the TP16 M = 1 rows with max-autotune, last run in session 29 (s83)
-    timeout 330 python3 benchmarks/layer_bench.py --out "$L" --kinds kda,mla --tp 16 --ms 1 --top 16 --max-autotune \
-        --tag _m1tp16 > "$L/lb_m1tp16.txt" 2>&1
-    echo "layer TP16 M=1 rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_m1tp16.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
-    cp "$L"/layer_bench_m1tp16.json "$L"/layer_bench_m1tp16.png "$L/lb_m1tp16.txt" "$OUT/" 2>/dev/null
-    tar czf "$OUT/logs_s169.tgz" -C "$L" .
-elif [ "$part" = s168 ]; then     # session 45: s166's paired A/B (layer_ab, no profiler, no eager graph in the process)
-    # timed the KDA TP8 M = 64 layer at 749.7 us where layer_bench's rows of the same call gave 815.3 / 822.5. Is it
-    # what layer_bench runs before k3fuse (eager's graph and its profiler session)? k3fuse timed first, then eager
-    # (timed, profiled), k3fuse profiled, and k3fuse's graph timed again (k3fuse_us_recheck)
-    # session 46 ran the KDA row's three orders on an H100 (RESULTS.md): no consistent effect there; this part is for
-    # an H200, where session 45 saw the 8% gap. S168_KINDS="kda mla" for both rows, S168_AB=1 for layer_ab beside them
-    # session 47: on one H100 the recheck read +10% / +15% (KDA / MLA), on another order_probe.py found no step of
-    # the row that moves a later timing (RESULTS.md). First order_probe at TP8 M = 64 on the H200, then the rows
-    smi_start s168
-    timeout 200 python3 benchmarks/order_probe.py --out "$OUT" --kinds kda,mla --tp 8 --ms 64 > "$OUT/order_probe.txt" 2>&1
-    echo "order_probe rc=$?" | tee -a "$S"; grep -v '^{' "$OUT/order_probe.txt" | grep -v Warn | tail -16 | tee -a "$S"
-    # one process per kind: in one process the second kind's "first" timing would follow the first kind's profiler
-    # sessions. Output straight into $OUT: the JSON is rewritten after each row, so a cut call returns the rows done
-    for k in ${S168_KINDS:-kda}; do
-        timeout 170 python3 benchmarks/layer_bench.py --out "$OUT" --kinds $k --tp 8 --ms 64 --skip inductor \
-            --top 16 --k3fuse-first --recheck --tag _order_$k > "$OUT/lb_order_$k.txt" 2>&1
-        echo "layer $k k3fuse-first + recheck rc=$?" | tee -a "$S"
-        grep -v '^{' "$OUT/lb_order_$k.txt" | sed -n '/^kind/,/^$/p' | tee -a "$S"
-    done
-    # layer_ab's timing of the same KDA layer in the same call, both arms alike (s166: 749.7 us)
-    if [ "${S168_AB:-0}" = 1 ]; then ab_run null_kda 150 --var K3FUSE_PDL_CHAIN=1,1 --kinds kda --tp 8 --ms 64 --pairs 6; fi
-    smi_stop s168
-    tar czf "$OUT/logs_s168.tgz" -C "$L" .
-elif [ "$part" = s164 ]; then     # session 42's one failure of test_gemv_wgmma_matches_reference[768-7168-40] on an H100
-    # (s161, log lost) passed five times on an H100 since (session 43: three; session 44: the tests part and memcheck).
-    # The sanitizers first (a cluster-sum race would show there), then repeats, each logged as it ends, until the
-    # call's time runs out
-    for tool in synccheck racecheck; do
-        timeout 170 compute-sanitizer --tool $tool python3 -m pytest -q -p no:cacheprovider tests/test_kernels_gpu.py \
-            -k "wgmma_matches_reference and 768-7168-40" > "$L/log_$tool.txt" 2>&1
-        echo "$tool rc=$? $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$L/log_$tool.txt" | tail -1) $(grep -E 'passed|failed' "$L/log_$tool.txt" | tail -1)" | tee -a "$S"
-        cp "$L/log_$tool.txt" "$OUT/" 2>/dev/null
-    done
-    for i in $(seq 20); do pytests "wgmma_rep$i" 40 tests/test_kernels_gpu.py -k "wgmma_matches_reference and 768-7168"; done
-    tar czf "$OUT/logs_s164.tgz" -C "$L" .
+    timeout 200 python3 benchmarks/wg_sync_probe.py --configs 16x4,8x4,8x8 --iters 500 2>&1 | grep "^KS=" | tee -a "$S"
+    tar czf "$OUT/logs_s181.tgz" -C "$L" .
 elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one knob, both arms in one process, ABBA replays
     timeout 300 python3 benchmarks/layer_ab.py --out "$L" --var "$2" --kinds kda,mla --tp 16 --ms "${3:-1}" --pairs 40 \
         > "$L/ab.txt" 2>&1
@@ -227,15 +143,6 @@ PY
             --ms 64,32 --pairs 8
     fi
     tar czf "$OUT/logs_s139.tgz" -C "$L" .
-elif [ "$part" = s150 ]; then     # session 37 (not run): the M = 64 MLA kernels under ncu with session 37's defaults (s128's
-    # lines): what is left of the split kernel's latency-bound profile with the ring (TP16) and without (TP8). First
-    # the routed down's load groups once more: at TP16 M = 64 it ran at 71% of copy in session 36's ncu (373.9 MB in
-    # 125.7 us), the up at 90%; UD = 6 (one load group per row block at I = 192) was +8.7 us in session 18, before the
-    # ballot scans, the member lists and the per-warp epilogue
-    ab_run down_ud 80 --var K3FUSE_MOE_DOWN_UD=3,6 --kinds kda --tp 16 --ms 64,32 --pairs 8
-    ncu_layer m64 mla "split_kernel|combine_mma_kernel" 4 \
-        ",sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active"
-    tar czf "$OUT/logs_s150.tgz" -C "$L" .
 elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overlay lost +8.4 us at KDA TP16 M = 16.
     # Suspect (by elimination): 3216x7168's wgmma entry at bucket 16 (8% faster standalone). The A/B of that one entry
     # over the table (16 pairs), then the op ledger of the row with and without it (which kernels move)
@@ -250,6 +157,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, tests2, s177, s179, s180, s178, s176, s173, s168, s167, s169, ab, s164, s149, s139, s150, s140)" >&2
+    echo "unknown part '$part' (tests, tests2, s181, ab, s149, s139, s140)" >&2
     exit 2
 fi

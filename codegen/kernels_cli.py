@@ -67,21 +67,13 @@ def group_shapes(cfg, tp: int) -> dict[str, tuple[list[int], int]]:
     return out
 
 
-def _qb_variant(cfg, tp: int, b: int) -> Optional[str]:
-    """Which kernel computes q itself at bucket b (mla_attention.qb_plan, the launcher's rule): "heads", "three" (the
-    three launches' qb_absorb) or None (the q_b GEMV launches apart)."""
+def _qb_cluster(cfg, tp: int, b: int) -> Optional[int]:
+    """The cluster size of the per-head MLA kernel where it computes q itself at bucket b (pass
+    fuse_q_b_into_mla_attention's op; mla_attention.qb_plan_reason, the launcher's rule), else None."""
     from . import mla_attention as ma
     h, n, v, r, C = (cfg.num_attention_heads // tp, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.qk_rope_head_dim,
                      cfg.kv_lora_rank)
-    return ma.qb_plan(b, h, n, v, r, C, cfg.q_lora_rank, PLAN_CONTEXT, PLAN_SMS)[0]
-
-
-def _qb_cluster(cfg, tp: int, b: int) -> Optional[int]:
-    """The cluster size of the per-head MLA kernel where it computes q itself at bucket b (pass
-    fuse_q_b_into_mla_attention's op; mla_attention.qb_plan, the launcher's rule), else None."""
-    from . import mla_attention as ma
-    h = cfg.num_attention_heads // tp
-    if _qb_variant(cfg, tp, b) != "heads":
+    if ma.head_groups(h) != 1 or ma.qb_plan_reason(b, h, n, v, r, C, cfg.q_lora_rank, PLAN_CONTEXT, PLAN_SMS):
         return None
     return ma.heads_cluster(ma.heads_splits(b, h, PLAN_CONTEXT, PLAN_SMS), b, h)
 
@@ -190,10 +182,8 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
         N, K = shapes[name]
         for b in buckets:
             why = registry.rms_norm_linear_split_reason(b, N * K * 2, (N, K), gpu=_gpu_for(arch))
-            if name == "mla.q_b" and _qb_variant(cfg, tp, b):
-                why = ("computed inside the per-head MLA attention" if _qb_variant(cfg, tp, b) == "heads" else
-                       "computed inside the MLA attention's first kernel (qb_absorb)") + \
-                    " (k3fuse::mla_qb_append_attention_)"
+            if name == "mla.q_b" and _qb_cluster(cfg, tp, b):
+                why = "computed inside the per-head MLA attention (k3fuse::mla_qb_append_attention_)"
             if why:
                 skipped.append(dict(op="k3fuse::rms_norm_linear", name=name, shape=dict(N=N, K=K), bucket=b,
                                     reason=why))
@@ -309,24 +299,20 @@ def plan(config: str, tp: int, batches: list[int], arch: str) -> tuple[list[dict
             cmma = mla_attention.combine_mma_on(b, h, v, C, ns)
             ctok = mla_attention.combine_tokens_for(b, h, v, C) if cmma else 8
             asy = mla_attention.async_for(b, h, r, C, pipe)     # the cp.async ring's mode (0: off)
-            qb3 = groups == 1 and _qb_variant(cfg, tp, b) == "three"     # q_b in the first kernel (qb_absorb)
-            by_splits.setdefault(splits + (pipe, cmma, ctok, asy, qb3), []).append(b)
-        for (qs, vs, pipe, cmma, ctok, asy, qb3), bs in by_splits.items():
+            by_splits.setdefault(splits + (pipe, cmma, ctok, asy), []).append(b)
+        for (qs, vs, pipe, cmma, ctok, asy), bs in by_splits.items():
             # one head group: pass fuse_mla_append_and_gate's op (the cache append + output gate variant); more:
             # its CUDA impl falls back to the plain kernel per group (the append runs once, in ATen)
             fused = groups == 1
             jobs.append(dict(family="mla_attention",
-                             op="k3fuse::mla_qb_append_attention_" if qb3 else
-                             "k3fuse::mla_append_attention_" if fused else "k3fuse::mla_attention",
-                             shape=dict(h=h, n=n, v=v, r=r, C=C, **({"q_lora": cfg.q_lora_rank} if qb3 else {})),
-                             bucket=bs[0],
+                             op="k3fuse::mla_append_attention_" if fused else "k3fuse::mla_attention",
+                             shape=dict(h=h, n=n, v=v, r=r, C=C), bucket=bs[0],
                              config=dict(scale=(n + r) ** -0.5, splits=[qs, vs], buckets=bs, pipe=pipe,
                                          **({"cmma": True} if cmma else {}),
                                          **({"asy": asy} if asy else {}), **({"ctok": ctok} if ctok != 8 else {}),
                                          **({"append_eps": cfg.mla_lora_norm_eps, "gate": True, "out": "bfloat16"}
-                                            if fused else {}),
-                                         **({"q_eps": cfg.mla_lora_norm_eps} if qb3 else {})),
-                             name=f"mla_{'qb_' if qb3 else ''}{'append_' if fused else ''}attention_h{h}_c{C}_qs{qs}_vs{vs}"
+                                            if fused else {})),
+                             name=f"mla_{'append_' if fused else ''}attention_h{h}_c{C}_qs{qs}_vs{vs}"
                                   f"{'_pipe' if pipe else ''}{'_cmma' if cmma else ''}"
                                   f"{'_tok4' if ctok != 8 else ''}{'_async' if asy else ''}",
                              **({"note": f"{groups} head-group launches per call"} if groups > 1 else {})))
@@ -408,7 +394,7 @@ def build_job(job: dict, arch: str):
                                    splits=c["splits"], append_eps=c.get("append_eps"), gate=c.get("gate", False),
                                    out_dtype=c.get("out", "float32"), pipe=c.get("pipe", False),
                                    cmma=c.get("cmma", False), asy=int(c.get("asy", 0)),
-                                   ctok=c.get("ctok", 8), qb=(s["q_lora"], c["q_eps"]) if "q_lora" in s else None)
+                                   ctok=c.get("ctok", 8))
     if job["family"] == "moe_experts":
         from . import moe_experts
         s, c = job["shape"], job["config"]

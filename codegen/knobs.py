@@ -70,11 +70,6 @@ TABLE: tuple[Knob, ...] = (
        "nowhere; unset: HEADS_BY_HEADS (TP16 M = 1, 2)"),
     _K("K3FUSE_MLA_QB", "1", "path", (MLA,),
        "0: the per-head MLA kernel does not compute q itself (q_b launched apart)"),
-    _K("K3FUSE_MLA_QB3", "", "unmeasured", (MLA,),
-       "1 / 0: where the per-head MLA kernel is not chosen, q_b's projection inside the three launches' first kernel "
-       "(qb_absorb: clusters per (head, row)) wherever it applies / nowhere; unset: QB3_BY_HEADS (empty)"),
-    _K("K3FUSE_MLA_QB3_CL", "", "unmeasured", (MLA,),
-       "N: qb_absorb's cluster size and column splits (4, 8 or 16; 16 is non-portable); unset: the bucket's QS"),
     _K("K3FUSE_INKERNEL_COLLECTIVES", "", "path", (),
        "1: the registry may route all-reduce / all-gather to the in-kernel one-shot kernels over peer buffers "
        "(multi-GPU; opt-in: only TP = 2 has run across GPUs)"),
@@ -231,6 +226,9 @@ REMOVED: dict[str, str] = {
     "K3FUSE_MLA_LOADS_FIRST": "session 43: qabsorb's and the CUDA-core combine's independent loads first (s161: "
                               "-0.30 / -0.25 / -0.15 us per MLA layer at M = 1, 4 on an H100, 4-5 / 8 pairs: noise)",
     "K3FUSE_KDA_FA_SMEM": "session 39: kda_decode's fa staged in shared memory (session 7: 6.0 -> 6.3 us, slower)",
+    "K3FUSE_MLA_QB3": "session 48: q_b inside the three MLA launches' first kernel, clusters of 8 per (head, row) "
+                      "(88348df; TP8 M = 1 +1.94 us, 0 / 12, on an H100: 11 -> 10 kernels, slower)",
+    "K3FUSE_MLA_QB3_CL": "session 48: that kernel's cluster size (16: +13.63 us)",
 }
 _BY_FAMILY: dict[str, tuple] = {f: tuple(k.name for k in TABLE if f in k.families) for f in FAMILIES}
 _reads: Optional[list] = None

@@ -399,58 +399,10 @@ def combine_tokens_for(M: int, h: int, v: int, C: int) -> int:
     return tok if combine_mma_reason(v, C, tok) is None else 8
 
 
-# q_b's projection in the first of the three launches (QB in templates/mla_attention.py.jinja; written in session 48):
-# kernel 1 becomes qb_absorb, clusters of QS CTAs per (head, row) that each compute n / QS + r / QS rows of q from
-# W_qb rows bulk-copied into shared memory before the chain's wait, share them in distributed shared memory and then
-# absorb as qabsorb does. Where the per-head kernel is not the default (TP8 M = 1), q_b's GEMV and qabsorb become one
-# launch: MLA 11 -> 10 kernels per layer. K3FUSE_MLA_QB3=1 / 0: wherever it applies / nowhere; unset: the buckets
-# QB3_BY_HEADS lists per heads per rank (none until an A/B on the GPU puts one there).
-QB3_BY_HEADS: dict = {}
-
-
-def qb3_choice(M: int, h: int) -> bool:
-    """K3FUSE_MLA_QB3=1 / 0: q_b inside the three launches' first kernel wherever it applies / nowhere; unset: where
-    QB3_BY_HEADS lists (h, M's bucket)."""
-    v = knobs.env("K3FUSE_MLA_QB3")
-    if v:
-        return v != "0"
-    return bucket_for(M) in QB3_BY_HEADS.get(h, ())
-
-
-def qb3_qs(M: int, h: int, n: int, v: int, C: int) -> int:
-    """qb_absorb's cluster size, which is also its column splits QS: K3FUSE_MLA_QB3_CL (a measurement knob: 16 is a
-    non-portable cluster) if set, else the bucket's QS (splits_for). Read at every launch (the memo keys on splits)."""
-    return knobs.integer("K3FUSE_MLA_QB3_CL", 0) or fit_splits(n, v, C, splits_for(M, h))[0]
-
-
-def qb3_supports(h: int, n: int, r: int, C: int, ql: int, qs: int) -> Optional[str]:
-    """None if qb_absorb (the three launches' first kernel computing q) covers these sizes with QS = qs CTAs per
-    cluster, else why not."""
-    if padded_heads(h) != h:
-        return f"{h} heads are padded to {padded_heads(h)} (qb_absorb has no padded heads)"
-    if qs not in (2, 4, 8, 16):
-        return f"qabsorb splits {qs}: a cluster of 2, 4, 8 or 16 (16: non-portable)"
-    if n // qs < 8 or (C // 8) % qs:
-        return f"qabsorb splits {qs}: fewer than 8 q_nope rows or a part of a 16-byte chunk per CTA"
-    if n % qs or r % qs:
-        return f"a cluster of {qs} does not split n = {n} / r = {r} rows of W_qb"
-    if ql % 256 or ql // 8 > QABSORB_THREADS:
-        return f"q_lora = {ql}: qb_absorb needs a multiple of 256, at most {8 * QABSORB_THREADS}"
-    rows = n // qs + r // qs
-    ch = C // 8 // qs
-    red = (QABSORB_THREADS // ch) * (8 * ch + 8) * 4
-    if rows > QABSORB_THREADS or rows * ql * 2 + ql * 4 + (n + r) * 4 + red > 200 * 1024:
-        return f"{rows} rows of W_qb ({ql} wide) per CTA do not fit its shared memory at a cluster of {qs}"
-    return None
-
-
 def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                     tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                     gate: bool = False, out_dtype="float32", pipe: bool = False,
-                    cmma: bool = False, arch: Optional[str] = None, asy: int = 0, ctok: int = 8,
-                    qb: Optional[tuple] = None) -> dict:
-    """qb: (q_lora, q_eps) for the first kernel computing q itself (mla_qb_append_attention_; absent: the source
-    without it)."""
+                    cmma: bool = False, arch: Optional[str] = None, asy: int = 0, ctok: int = 8) -> dict:
     hp = padded_heads(h)
     rb3 = combine_batch(v, splits)
     nch = (C + r) // 8
@@ -472,25 +424,19 @@ def template_params(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtyp
                 **({"PVMMA": True} if pv_mma(hp, r, C, tt) else {}),
                 **({"ASYNC": True, "ASYNC_2CTA": async_two_ctas(h, r, C, tt) and (hp <= 8 or asy == 2)}
                    if asy else {}),                                                # absent when off: the same source
-                **({"PV_UNROLL": False} if pv_mma(hp, r, C, tt) and not pv_unroll(arch) else {}),
-                **(dict(QB=True, QL=int(qb[0]), QEPS=repr(float(qb[1]))) if qb is not None else {}))
+                **({"PV_UNROLL": False} if pv_mma(hp, r, C, tt) and not pv_unroll(arch) else {}))
 
 
 def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype="bfloat16",
                   tt: int = DEFAULT_TT, splits=DEFAULT_SPLITS, append_eps: Optional[float] = None,
                   gate: bool = False, out_dtype="float32", pipe: bool = False,
-                  cmma: bool = False, arch: Optional[str] = None, asy: int = 0, ctok: int = 8,
-                  qb: Optional[tuple] = None) -> str:
+                  cmma: bool = False, arch: Optional[str] = None, asy: int = 0, ctok: int = 8) -> str:
     """append_eps: the mla_append_attention_ variant (the cache append in qabsorb, with kv_a_layernorm's eps);
     gate: the output gate in combine; out_dtype: o's dtype (float32, or bfloat16 with the fused cast); pipe: the
     split kernel's tile pipeline; cmma: the tensor-core combine (combine_mma_choice); arch: the target (pv_unroll); asy:
     the split kernel's cp.async tile ring, 0 off or its mode 1 / 2 (async_for: no PIPE, the score and PV steps on
-    tensor cores); ctok: the tensor-core combine's tokens per CTA (combine_tokens_for); qb: (q_lora, q_eps), the
-    first kernel computing q (qb3_supports; with append_eps)."""
+    tensor cores); ctok: the tensor-core combine's tokens per CTA (combine_tokens_for)."""
     why = supports(h, n, v, r, C, tt) or splits_ok(n, v, splits, C)
-    if qb is not None:
-        why = why or qb3_supports(h, n, r, C, int(qb[0]), int(splits[0])) or (
-            append_eps is None and "q_b inside the first kernel only with the cache append (mla_qb_append_attention_)")
     if ctok not in CMMA_TOKENS:
         why = why or f"{ctok} tokens per tensor-core-combine CTA: one of {CMMA_TOKENS}"
     if cmma:
@@ -505,7 +451,7 @@ def render_source(h: int, n: int, v: int, r: int, C: int, scale: float, q_dtype=
     if why:
         raise ValueError(why)
     return render(TEMPLATE, **template_params(h, n, v, r, C, scale, q_dtype, tt, splits, append_eps, gate,
-                                              out_dtype, pipe, cmma, arch, int(asy), int(ctok), qb))
+                                              out_dtype, pipe, cmma, arch, int(asy), int(ctok)))
 
 
 _built: dict = {}
@@ -514,11 +460,11 @@ _built: dict = {}
 def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, scale: float = 192 ** -0.5,
           q_dtype="bfloat16", tt: int = DEFAULT_TT, arch: Optional[str] = None, load: bool = True,
           splits=DEFAULT_SPLITS, append_eps: Optional[float] = None, gate: bool = False, out_dtype="float32",
-          pipe: bool = False, cmma: bool = False, asy: int = 0, ctok: int = 8, qb: Optional[tuple] = None):
+          pipe: bool = False, cmma: bool = False, asy: int = 0, ctok: int = 8):
     """Compile (through the disk cache) the kernel for (h, n, v, r, C, scale, q dtype, tile, the append / gate
     variant, the combine on tensor cores or not and its tokens per CTA (ctok), the
-    split kernel's cp.async ring mode (asy: 0 off), q computed in the first kernel (qb: (q_lora, q_eps))) and arch.
-    The rendered source bakes every one of these, so the cache key (sha256 of source + arch) covers them."""
+    split kernel's cp.async ring mode (asy: 0 off)) and arch. The rendered source
+    bakes every one of these, so the cache key (sha256 of source + arch) covers them."""
     from .compile import compile_source, current_arch
     arch = arch or current_arch()
     splits = tuple(int(x) for x in splits)
@@ -526,23 +472,19 @@ def build(h: int = 12, n: int = 128, v: int = 128, r: int = 64, C: int = 512, sc
     # the arguments and the family's variables determine the source (every choice read at render is a function of
     # them: tests/test_knobs.py), so nothing derived from them belongs in the key
     memo = (h, n, v, r, C, float(scale), _dtname(q_dtype), tt, arch, load, splits, eps, bool(gate),
-            _dtname(out_dtype), bool(pipe), bool(cmma), int(ctok) if cmma else 8, int(asy),
-            (int(qb[0]), float(qb[1])) if qb is not None else None, knobs.key(FAMILY))
+            _dtname(out_dtype), bool(pipe), bool(cmma), int(ctok) if cmma else 8, int(asy), knobs.key(FAMILY))
     if memo in _built:
         return _built[memo]
     pre3 = combine_mma_pre(v, C, ctok) if cmma else 0
-    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, pipe, cmma, arch, asy, ctok,
-                        qb)
-    op = OP_QB if qb is not None else OP_APPEND if eps is not None else OP
-    meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C, **({"q_lora": int(qb[0])} if qb else {})),
-                template=TEMPLATE,
+    src = render_source(h, n, v, r, C, scale, q_dtype, tt, splits, eps, gate, out_dtype, pipe, cmma, arch, asy, ctok)
+    op = OP_APPEND if eps is not None else OP
+    meta = dict(family=FAMILY, op=op, shape=dict(h=h, n=n, v=v, r=r, C=C), template=TEMPLATE,
                 config=dict(tt=tt, threads=THREADS, q=_dtname(q_dtype), scale=float(scale), splits=list(splits),
                             append_eps=eps, gate=bool(gate), out=_dtname(out_dtype),
                             pipe=bool(pipe), **({"combine_mma": True} if cmma else {}),
                             **({"cp_async_tiles": True} if asy else {}),
                             **({"combine_mma_tokens": int(ctok)} if cmma and ctok != 8 else {}),
-                            **({"combine_mma_pre": pre3} if pre3 else {}),
-                            **({"q_eps": float(qb[1])} if qb else {})))
+                            **({"combine_mma_pre": pre3} if pre3 else {})))
     _built[memo] = k = compile_source(src, arch, load=load, meta=meta)
     return k
 
@@ -650,13 +592,12 @@ def _prep_q(t):
 
 
 def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split: Optional[int] = None,
-                  splits=None, append=None, gate=None, out_dtype=None, heads: Optional[bool] = None, qb=None):
+                  splits=None, append=None, gate=None, out_dtype=None, heads: Optional[bool] = None):
     """Launch the kernels (caller checked launch_ok(), and append_ok() for append / gate). Returns o [M, h, v] fp32
     (out_dtype if given). splits: (QS, VS), default splits_for(M, h). append: (ckv [M, C + r], kv_norm_w [C], eps): the
     new token's row is written into the cache first (mla_append_attention_); gate [M, h * v]: o * sigmoid(gate).
     heads: the per-head variant (default heads_choice(); taken where heads_reason() allows it; n_split is then its
-    splits per (row, head)). qb: (cq, q_norm_w, q_eps, w_qb), the three launches with q computed in the first
-    (qb3_supports; with append; q_nope / q_pe then only give the shapes)."""
+    splits per (row, head))."""
     import torch
     M, h, n = q_nope.shape
     r = q_pe.shape[2]
@@ -667,13 +608,11 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     dev = cache.device
     chosen = bool(splits)     # the caller picked the three launches' splits
     splits = tuple(splits) if splits else fit_splits(n, v, C, splits_for(M, h))
-    if qb is not None and not chosen:
-        splits = (qb3_qs(M, h, n, v, C), splits[1])      # qb_absorb's cluster
     odt = out_dtype or torch.float32
     sms = _sm_count(dev.index if dev.index is not None else torch.cuda.current_device())
     if heads is None:
         heads = not chosen and heads_choice(M, h)
-    if heads and qb is None and heads_reason(M, h, n, v, r, C, sms) is None:
+    if heads and heads_reason(M, h, n, v, r, C, sms) is None:
         return _launch_heads(q_nope, q_pe, cache, kv_b, seq_lens, scale, out, n_split or heads_splits(M, h, T, sms),
                              append, gate, odt)
     ns = n_split or n_splits(M, T, sms, h=h)
@@ -686,14 +625,9 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     asy = async_for(M, h, r, C, pipe)
     kern = build(h, n, v, r, C, float(scale), q_nope.dtype, splits=splits,
                  append_eps=append[2] if append is not None else None, gate=gate is not None, out_dtype=odt, pipe=pipe,
-                 cmma=cmma, asy=asy, ctok=combine_tokens_for(M, h, v, C) if cmma else 8,
-                 qb=(qb[0].shape[1], qb[2]) if qb is not None else None)
+                 cmma=cmma, asy=asy, ctok=combine_tokens_for(M, h, v, C) if cmma else 8)
     f32 = torch.float32
-    if qb is not None:
-        cq, qw, _, w_qb = qb
-        q_args = (_prep(cq), _prep(qw), _prep(w_qb).view(h, n + r, cq.shape[1]))
-    else:
-        q_args = (_prep_q(q_nope), _prep_q(q_pe))
+    qn, qp = _prep_q(q_nope), _prep_q(q_pe)
     w = _prep(kv_b).view(h, n + v, C)
     sl = _prep(seq_lens, torch.int64)
     qs = torch.empty(M, hp, C + r, dtype=f32, device=dev)                 # the scaled queries
@@ -702,7 +636,7 @@ def mla_attention(q_nope, q_pe, cache, kv_b, seq_lens, scale, out=None, n_split:
     if out is None:
         out = torch.empty(M, h, v, dtype=odt, device=dev)
     extra = _append_gate_args(M, h, v, append, gate)
-    kern(*q_args, cache, w, sl, qs, opart, ml, out, *extra)
+    kern(qn, qp, cache, w, sl, qs, opart, ml, out, *extra)
     return out
 
 
@@ -1039,59 +973,45 @@ def mla_append_attention_cuda(q_nope, q_pe, ckv, kv_norm_w, kv_eps, norm_dtype, 
                          gate=gate, out_dtype=out_dtype)
 
 
-def qb_plan(M: int, h: int, n: int, v: int, r: int, C: int, ql: int, T: int, sms: int) -> tuple:
-    """(variant, reason) of the kernel that computes q itself at these shapes (the one rule for the launcher, the
-    lowering's predicate and `k3fuse kernels`), K3FUSE_MLA_QB not 0 (the A/B knob: 0 launches the q_b GEMV apart):
-    ("heads", None) where the per-head kernel is chosen (heads_choice()) and applies with a cluster that splits W_qb's
-    rows (qb_supports()); else ("three", None) where qb3_choice() takes the three launches' qb_absorb and
-    qb3_supports() covers it; else (None, why not)."""
-    if knobs.env("K3FUSE_MLA_QB") == "0":
-        return None, "K3FUSE_MLA_QB=0"
-    if head_groups(h) != 1:
-        return None, f"{h} heads per rank take {head_groups(h)} launches (the append runs in one)"
-    if heads_choice(M, h):
-        why = heads_reason(M, h, n, v, r, C, sms) or qb_supports(n, v, r, C, ql,
-                                                                 heads_cluster(heads_splits(M, h, T, sms), M, h))
-        return ("heads", None) if why is None else (None, why)
-    if not qb3_choice(M, h):
-        return None, (f"the per-head kernel is not chosen at M = {M}, {h} heads (K3FUSE_MLA_HEADS / HEADS_BY_HEADS), "
-                      f"nor q_b in the three launches (K3FUSE_MLA_QB3 / QB3_BY_HEADS)")
-    qs = qb3_qs(M, h, n, v, C)
-    why = supports(h, n, v, r, C) or splits_ok(n, v, (qs, 1), C) or qb3_supports(h, n, r, C, ql, qs)
-    return ("three", None) if why is None else (None, why)
-
-
+# Where the per-head kernel is not chosen (TP8 M = 1), q_b stays its own GEMV launch ahead of the three. Session 48
+# put it into the first of them (qb_absorb: clusters of QS = 8 CTAs per (head, row), each computing 16 + 8 rows of q
+# from W_qb rows bulk-copied into shared memory before the chain's wait, q shared in distributed shared memory, then
+# qabsorb's work; 88348df): MLA TP8 M = 1 11 -> 10 kernels but +1.94 us [+1.55, +2.54] per layer (0 / 12 pairs),
+# +13.63 with clusters of 16; the op alone +0.32 us, behind a 52 MB GEMV +0.77 (an H100, RESULTS.md "Session 48").
+# Removed: 96 CTAs pulling 7 MB and then a cluster barrier are no shorter than the GEMV's full grid + a boundary.
 def qb_plan_reason(M: int, h: int, n: int, v: int, r: int, C: int, ql: int, T: int, sms: int) -> Optional[str]:
-    """None if a kernel computes q itself at these shapes (qb_plan()), else why not."""
-    return qb_plan(M, h, n, v, r, C, ql, T, sms)[1]
+    """None if the per-head kernel computes q itself at these shapes (the one rule for the launcher, the lowering's
+    predicate and `k3fuse kernels`): that kernel is chosen (heads_choice()) and applies, with a cluster that splits
+    W_qb's rows (qb_supports()), and K3FUSE_MLA_QB is not 0 (the A/B knob: 0 launches the q_b GEMV apart)."""
+    if knobs.env("K3FUSE_MLA_QB") == "0":
+        return "K3FUSE_MLA_QB=0"
+    if not heads_choice(M, h):
+        return f"the per-head kernel is not chosen at M = {M}, {h} heads (K3FUSE_MLA_HEADS / HEADS_BY_HEADS)"
+    return heads_reason(M, h, n, v, r, C, sms) or qb_supports(n, v, r, C, ql,
+                                                             heads_cluster(heads_splits(M, h, T, sms), M, h))
 
 
 def qb_reason(cq, q_norm_w, w_qb, q_nope, q_pe, cache, kv_b) -> Optional[str]:
     """qb_plan_reason() for these tensors, after their shape / dtype / device checks; q_nope / q_pe: tensors of q's
     slices' shapes."""
-    return qb_variant(cq, q_norm_w, w_qb, q_nope, q_pe, cache, kv_b)[1]
-
-
-def qb_variant(cq, q_norm_w, w_qb, q_nope, q_pe, cache, kv_b) -> tuple:
-    """qb_plan() for these tensors, after their shape / dtype / device checks."""
     import torch
     M, h, n = q_nope.shape
     r, C = q_pe.shape[2], kv_b.shape[1]
     if cq.dim() != 2 or cq.shape[0] != M or tuple(w_qb.shape) != (h * (n + r), cq.shape[1]) \
             or tuple(q_norm_w.shape) != (cq.shape[1],):
-        return None, f"cq {tuple(cq.shape)} / w_qb {tuple(w_qb.shape)} / q_norm_w {tuple(q_norm_w.shape)} shapes"
+        return f"cq {tuple(cq.shape)} / w_qb {tuple(w_qb.shape)} / q_norm_w {tuple(q_norm_w.shape)} shapes"
     if any(t.dtype != torch.bfloat16 for t in (cq, q_norm_w, w_qb)):
-        return None, "cq / q_norm_w / w_qb are not bf16"
+        return "cq / q_norm_w / w_qb are not bf16"
     if any(t.device != cache.device for t in (cq, q_norm_w, w_qb)):
-        return None, "inputs on different devices"
+        return "inputs on different devices"
     sms = _sm_count(cache.device.index if cache.device.index is not None else torch.cuda.current_device())
-    return qb_plan(M, h, n, kv_b.shape[0] // h - n, r, C, cq.shape[1], cache.shape[1], sms)
+    return qb_plan_reason(M, h, n, kv_b.shape[0] // h - n, r, C, cq.shape[1], cache.shape[1], sms)
 
 
 def qb_applies(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b, seq_lens, scale,
                gate, out_dtype) -> bool:
-    """The lowering's predicate (registry.KERNEL_APPLIES, on the graph's fake values): does a kernel compute q at this
-    graph's shapes (qb_plan(): the per-head kernel, or the three launches' qb_absorb)? Where not, the lowering inlines the op's reference (compiler/lowering.py
+    """The lowering's predicate (registry.KERNEL_APPLIES, on the graph's fake values): does the per-head kernel compute
+    q at this graph's shapes? Where not, the lowering inlines the op's reference (compiler/lowering.py
     INLINE_MUTABLE): the q_b rms_norm_linear then lowers like any other (its GEMV at M <= 4, else norm + GEMV) and
     mla_append_attention_ keeps its kernels, instead of the fallback in mla_qb_append_attention_cuda running the
     norm's ATen reference eagerly (6 extra kernels, +30 us at TP16 M = 8, session 25). Off CUDA: kept (its reference
@@ -1114,8 +1034,7 @@ APPLIES = {"mla_qb_append_attention_": qb_applies}
 def mla_qb_append_attention_cuda(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_w, kv_eps, norm_dtype, cache, kv_b,
                                  seq_lens, scale, gate, out_dtype):
     """CUDA implementation of k3fuse::mla_qb_append_attention_: the per-head kernel computing q itself where
-    qb_variant() says "heads" (one launch for q_b + the attention), the three launches with qb_absorb first where it
-    says "three"; elsewhere the two ops it fuses through the
+    qb_reason() allows it (one launch for q_b + the attention); elsewhere the two ops it fuses through the
     dispatcher (the q_b GEMV's kernel, then mla_append_attention_'s), logging why once."""
     import torch
     from .prefetch import join_pending
@@ -1128,19 +1047,14 @@ def mla_qb_append_attention_cuda(cq, q_norm_w, q_eps, w_qb, heads, ckv, kv_norm_
     reason = launch_ok(qn, qp, cache, kv_b, seq_lens) or append_ok(qn, ckv, kv_norm_w, norm_dtype, cache, kv_b, gate,
                                                                     out_dtype)
     ok = reason is None and _env_ok(OP_QB, cache.device)          # _env_ok logs its own reason (CPU, no DSL, arch)
-    variant = None
     if ok:
-        variant, reason = qb_variant(cq, q_norm_w, w_qb, qn, qp, cache, kv_b)
-    if ok and variant == "heads":
+        reason = qb_reason(cq, q_norm_w, w_qb, qn, qp, cache, kv_b)
+    if ok and reason is None:
         join_pending()
         sms = _sm_count(cache.device.index if cache.device.index is not None else torch.cuda.current_device())
         return _launch_heads(qn, qp, cache, kv_b, seq_lens, scale, None, heads_splits(M, h, cache.shape[1], sms),
                              (ckv, kv_norm_w, float(kv_eps)), gate, out_dtype or torch.float32,
                              qb=(cq, q_norm_w, float(q_eps), w_qb))
-    if ok and variant == "three":
-        join_pending()
-        return mla_attention(qn, qp, cache, kv_b, seq_lens, scale, append=(ckv, kv_norm_w, float(kv_eps)), gate=gate,
-                             out_dtype=out_dtype, heads=False, qb=(cq, q_norm_w, float(q_eps), w_qb))
     if reason is not None:
         log_fallback(OP_QB, reason + ": the q_b GEMV and the attention launch apart")
     q = torch.ops.k3fuse.rms_norm_linear(cq, q_norm_w, q_eps, w_qb).view(M, h, n + r)
