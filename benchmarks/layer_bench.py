@@ -288,6 +288,9 @@ def main():
                     help="time k3fuse before the other variants (before any of their graphs or profiler sessions)")
     ap.add_argument("--recheck", action="store_true",
                     help="time k3fuse's graph again at the end of each row (k3fuse_us_recheck)")
+    ap.add_argument("--recheck-steps", action="store_true",
+                    help="with --k3fuse-first: time k3fuse's graph again (fresh input clones and capture, as --recheck) "
+                         "after each step of the row (k3fuse_recheck_steps): which step leaves a later timing slower")
     ap.add_argument("--period", choices=("model", "layer"), default="model",
                     help="model: x -> next layer's x, as inside the model (default); layer: sessions 1-4's boundary")
     args = ap.parse_args()
@@ -331,18 +334,28 @@ def main():
                 row["routed_distinct_per_copy"] = [routed_experts(vs["eager"], l, base) for l in layers]
                 row["floor_copies_us"] = round(sum(floor_bytes(cfg, l, base, M, d) for l, d in zip(
                     layers, row["routed_distinct_per_copy"])) / len(layers) / bw * 1e6, 1)
+                def recheck(label):
+                    # --recheck-steps: k3fuse timed as --recheck does, after this step of the row (session 48: on the
+                    # H200 the recheck at a row's end read +10% at TP8 M = 64, and order_probe's steps moved nothing)
+                    if args.recheck_steps and "k3fuse_us" in row:
+                        cs = [(l, clone_inputs(base)) for l in layers]
+                        row.setdefault("k3fuse_recheck_steps", []).append(
+                            [label, round(time_graph(vs["k3fuse"], cs, per_copy=args.graph_rounds), 1)])
                 for name, fn in vs.items():
                     try:
                         t0 = time.perf_counter()
                         g0 = max((p.graph_id for p in k3backend.LAST_PIPELINES), default=-1)
                         got = fn(layers[0], *clone_inputs(base))
+                        recheck(f"{name} first call")
                         # the graphs of this first (compiling) call (LAST_PIPELINES keeps the last 16: by id, not index)
                         pipes = [p for p in k3backend.LAST_PIPELINES if p.graph_id > g0]
                         row[f"{name}_first_call_s"] = round(time.perf_counter() - t0, 1)
                         row[f"{name}_rel_err"] = max(rel(g, r) for g, r in zip(got, ref))
                         copies = [(l, clone_inputs(base)) for l in layers]
                         row[f"{name}_us"] = round(time_graph(fn, copies, per_copy=args.graph_rounds), 1)
+                        recheck(f"{name} timed")
                         n, top, evs = profile_kernels(fn, layers[0], clone_inputs(base), with_ops=name == "k3fuse")
+                        recheck(f"{name} profiled")
                         row[f"{name}_kernels"] = n
                         if name == "k3fuse":
                             row["k3fuse_kernel_us"] = round(sum(t for _, t, _ in top), 1)
@@ -359,6 +372,7 @@ def main():
                                     row["k3fuse_graph_kernels"] = gp["graph_kernels"][:args.top]
                     except Exception as e:
                         row[f"{name}_error"] = f"{type(e).__name__}: {e}"[:400]
+                recheck("row end")
                 if args.recheck and "k3fuse_us" in row:
                     # the same k3fuse graph timed again after every variant has been timed and profiled: with
                     # --k3fuse-first its first timing saw none of that, so the two differ by what they leave behind
@@ -378,6 +392,8 @@ def main():
         print(f"{r['kind']:<4} {r['tp']:>3} {r['M']:>3} {r['floor_us']:>9.1f} " + " ".join(f"{c:>14}" for c in cells)
               + (f"  {k / r['floor_us']:.2f}x" if k else "")
               + (f"  recheck {r['k3fuse_us_recheck']}" if r.get("k3fuse_us_recheck") else "")
+              + ("  steps " + ", ".join(f"{a}: {b}" for a, b in r["k3fuse_recheck_steps"])
+                 if r.get("k3fuse_recheck_steps") else "")
               + (f"  (copies' own routing: floor {r['floor_copies_us']} us, {k / r['floor_copies_us']:.2f}x, "
                  f"experts {r['routed_distinct_per_copy']} vs {r['distinct']})" if k and r.get("floor_copies_us") else ""))
     for r in rows:

@@ -7,6 +7,7 @@
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
 #   s181   the wgmma GEMV under synccheck, KS 8 and 16 (16 flagged in s164), then 300 plain runs each
+#   s182   layer_bench's recheck after every step of a TP8 M = 64 row (--recheck-steps), KDA and MLA
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
 #   s139   wgmma clusters of 14-16: tests, memcheck, shapes, A/B
@@ -97,6 +98,16 @@ elif [ "$part" = s181 ]; then     # session 48: s164's synccheck flagged the wgm
     done
     timeout 80 python3 benchmarks/wg_sync_probe.py --configs 16x4,8x4 --iters 300 2>&1 | grep "^KS=" | tee -a "$S"
     tar czf "$OUT/logs_s181.tgz" -C "$L" .
+elif [ "$part" = s182 ]; then     # session 48: on the H200 layer_bench's recheck at a row's end read +10% at TP8 M = 64
+    # (769.5 -> 842.4 KDA, 807.2 -> 890.5 MLA) while order_probe's steps moved nothing. k3fuse timed again after every
+    # step of the row (--recheck-steps): which one leaves the next timing slow
+    for k in kda mla; do
+        timeout 240 python3 benchmarks/layer_bench.py --out "$L" --kinds $k --tp 8 --ms 64 --skip inductor --top 16 \
+            --k3fuse-first --recheck --recheck-steps --tag "_steps_$k" > "$L/lb_steps_$k.txt" 2>&1
+        echo "layer $k recheck steps rc=$?" | tee -a "$S"; grep -v '^{' "$L/lb_steps_$k.txt" | sed -n '/^kind/,/^$/p' \
+            | tee -a "$S"
+    done
+    tar czf "$OUT/logs_s182.tgz" -C "$L" .
 elif [ "$part" = ab ]; then       # validate_pending.sh ab NAME=A,B [MS]: one knob, both arms in one process, ABBA replays
     timeout 300 python3 benchmarks/layer_ab.py --out "$L" --var "$2" --kinds kda,mla --tp 16 --ms "${3:-1}" --pairs 40 \
         > "$L/ab.txt" 2>&1
@@ -158,6 +169,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, tests2, s181, ab, s149, s139, s140)" >&2
+    echo "unknown part '$part' (tests, tests2, s181, s182, ab, s149, s139, s140)" >&2
     exit 2
 fi
