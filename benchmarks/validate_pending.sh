@@ -6,7 +6,6 @@
 # (PERF_NOTES.md, the latest session):
 #   tests  the GPU kernel test files, one process each at once
 #   tests2 compute-sanitizer memcheck, the runtime's graphs
-#   s181   the wgmma GEMV under synccheck, KS 8 and 16 (16 flagged in s164), then 300 plain runs each
 #   s182   layer_bench's recheck after every step of a TP8 M = 64 row (--recheck-steps), KDA and MLA
 #   ab     NAME=A,B [MS]: a paired A/B of one variable in one process (layer_ab.py)
 #   s149   session 37's MLA defaults summed (layer_ab --arms); split counts
@@ -86,18 +85,6 @@ elif [ "$part" = tests2 ]; then   # compute-sanitizer memcheck on the kernel fam
         -k "(matches_reference or weight_pair) and not graph and not 64"
     pytests runtime_graphs 250 tests/test_runtime_gpu.py
     tar czf "$OUT/logs_tests2.tgz" -C "$L" .
-elif [ "$part" = s181 ]; then     # session 48: s164's synccheck flagged the wgmma GEMV's KS = 16 config (17 "Missing
-    # wait" at one early PC, thread 0 of CTAs of cluster ranks 8, 9, 14, 15 only; then an illegal address under the
-    # tool; racecheck clean, 5 plain repeats passed). The prologue is rank-agnostic, so a tool limit with non-portable
-    # clusters is the suspect: is KS 8 (a portable cluster) clean, and does either give a wrong result in 300 runs?
-    for c in 8x4 16x4; do
-        timeout 70 compute-sanitizer --tool synccheck python3 benchmarks/wg_sync_probe.py --configs $c \
-            > "$L/sync_$c.txt" 2>&1
-        echo "synccheck $c rc=$? missing-wait lines $(grep -c 'Missing wait' "$L/sync_$c.txt") $(grep -E 'ERROR SUMMARY' \
-            "$L/sync_$c.txt" | tail -1) $(grep -E '^KS=' "$L/sync_$c.txt")" | tee -a "$S"
-    done
-    timeout 80 python3 benchmarks/wg_sync_probe.py --configs 16x4,8x4 --iters 300 2>&1 | grep "^KS=" | tee -a "$S"
-    tar czf "$OUT/logs_s181.tgz" -C "$L" .
 elif [ "$part" = s182 ]; then     # session 48: on the H200 layer_bench's recheck at a row's end read +10% at TP8 M = 64
     # (769.5 -> 842.4 KDA, 807.2 -> 890.5 MLA) while order_probe's steps moved nothing. k3fuse timed again after every
     # step of the row (--recheck-steps): which one leaves the next timing slow
@@ -169,6 +156,6 @@ elif [ "$part" = s140 ]; then     # session 36 (not run): why s136's whole overl
     done
     tar czf "$OUT/logs_s140.tgz" -C "$L" .
 else
-    echo "unknown part '$part' (tests, tests2, s181, s182, ab, s149, s139, s140)" >&2
+    echo "unknown part '$part' (tests, tests2, s182, ab, s149, s139, s140)" >&2
     exit 2
 fi
