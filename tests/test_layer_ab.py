@@ -48,8 +48,10 @@ def test_build_arm_sets_and_unsets(monkeypatch):
     """build_arm applies the arm's settings to the environment (None: unset) before the compile."""
     monkeypatch.setattr(layer_ab.kcompile, "clear_memo", lambda keep=None: None)
     monkeypatch.setenv("K3FUSE_B", "stale")
-    monkeypatch.delenv("K3FUSE_A", raising=False)
+    # set, then unset, through monkeypatch: it restores both to the state before the test (a delenv after build_arm
+    # recorded "0" as K3FUSE_A's original and left it set for every later test: `k3fuse knobs` then listed it)
+    monkeypatch.setenv("K3FUSE_A", "stale")
+    monkeypatch.delenv("K3FUSE_A")
     layer_ab.build_arm({"K3FUSE_A": "0", "K3FUSE_B": None})
     import os
     assert os.environ["K3FUSE_A"] == "0" and "K3FUSE_B" not in os.environ
-    monkeypatch.delenv("K3FUSE_A")
