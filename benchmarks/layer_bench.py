@@ -334,13 +334,16 @@ def main():
                 row["routed_distinct_per_copy"] = [routed_experts(vs["eager"], l, base) for l in layers]
                 row["floor_copies_us"] = round(sum(floor_bytes(cfg, l, base, M, d) for l, d in zip(
                     layers, row["routed_distinct_per_copy"])) / len(layers) / bw * 1e6, 1)
+                def k3fuse_again():
+                    # k3fuse's graph timed again over fresh input clones and a fresh capture (--recheck, --recheck-steps)
+                    cs = [(l, clone_inputs(base)) for l in layers]
+                    return round(time_graph(vs["k3fuse"], cs, per_copy=args.graph_rounds), 1)
+
                 def recheck(label):
-                    # --recheck-steps: k3fuse timed as --recheck does, after this step of the row (session 48: on the
-                    # H200 the recheck at a row's end read +10% at TP8 M = 64, and order_probe's steps moved nothing)
+                    # --recheck-steps: k3fuse timed again after this step of the row (session 48: on the H200 the
+                    # recheck at a row's end read +10% at TP8 M = 64, and order_probe's steps moved nothing)
                     if args.recheck_steps and "k3fuse_us" in row:
-                        cs = [(l, clone_inputs(base)) for l in layers]
-                        row.setdefault("k3fuse_recheck_steps", []).append(
-                            [label, round(time_graph(vs["k3fuse"], cs, per_copy=args.graph_rounds), 1)])
+                        row.setdefault("k3fuse_recheck_steps", []).append([label, k3fuse_again()])
                 for name, fn in vs.items():
                     try:
                         t0 = time.perf_counter()
@@ -376,8 +379,7 @@ def main():
                 if args.recheck and "k3fuse_us" in row:
                     # the same k3fuse graph timed again after every variant has been timed and profiled: with
                     # --k3fuse-first its first timing saw none of that, so the two differ by what they leave behind
-                    copies = [(l, clone_inputs(base)) for l in layers]
-                    row["k3fuse_us_recheck"] = round(time_graph(vs["k3fuse"], copies, per_copy=args.graph_rounds), 1)
+                    row["k3fuse_us_recheck"] = k3fuse_again()
                 row["kernels_per_layer"] = row.get("k3fuse_kernels")
                 rows.append(row)
                 print(json.dumps(row), flush=True)
